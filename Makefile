@@ -1,0 +1,42 @@
+# The README's commands: `make test` and `make serve`. Both set up .venv from scratch.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# The CPU wheel of torch is local on our machines; a CUDA build elsewhere.
+TORCH_VERSION ?= 2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: install test test-kernels lint format serve bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+test: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu and not e2e" $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+serve: install
+	@echo "tandem serve (router + prefill + decode) arrives with the router work (issue 4)."
+	@echo "Meanwhile, offline generation on a generated model:"
+	test -d models/tiny-llama || $(VENV)/bin/tandem make-model models/tiny-llama --arch llama
+	$(VENV)/bin/tandem generate --model models/tiny-llama "Hello from Tandem"
+
+bench: install
+	OMP_NUM_THREADS=1 $(PY) bench/offline.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache models

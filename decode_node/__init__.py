@@ -1,0 +1,1 @@
+"""Decode service: reserves blocks, asks prefill, continuous-batched decode (issue 3)."""

@@ -1,0 +1,210 @@
+"""The engine: requests in, one scheduled step at a time, finished outputs out.
+
+`step()` is schedule, run, update, collect. Validation happens in `add_request` before any
+state changes, so a bad request never disturbs the others.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from tandem.engine.block_pool import BlockCounts
+from tandem.engine.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    SchedulerConfig,
+    resolve_device,
+    resolve_dtype,
+)
+from tandem.engine.kv_cache_manager import KVCacheManager
+from tandem.engine.model_runner import ModelRunner, kv_block_bytes
+from tandem.engine.output_processor import OutputProcessor
+from tandem.engine.outputs import RequestOutput
+from tandem.engine.request import Request, RequestStatus
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.scheduler import Scheduler
+from tandem.engine.tokenizer import load_tokenizer
+
+# KV-cache budget on the CPU when `num_kv_blocks` is not given.
+_CPU_KV_CACHE_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    """User-facing knobs; `create_config` validates them into an `EngineConfig`."""
+
+    model: str
+    dtype: str = "auto"
+    device: str = "auto"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    seed: int = 0
+
+    def create_config(self) -> EngineConfig:
+        model = ModelConfig.from_pretrained(self.model)
+        device = resolve_device(self.device)
+        max_model_len = self.max_model_len or model.max_position_embeddings
+        scheduler = SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, max_model_len)
+        probe = EngineConfig(
+            self.model,
+            model,
+            CacheConfig(self.block_size, 1, self.enable_prefix_caching),
+            scheduler,
+            device,
+            resolve_dtype(self.dtype, model, device),
+            self.seed,
+        )
+        num_blocks = self.num_kv_blocks or self._default_num_blocks(probe)
+        cache = CacheConfig(self.block_size, num_blocks, self.enable_prefix_caching)
+        return EngineConfig(self.model, model, cache, scheduler, device, probe.dtype, self.seed)
+
+    def _default_num_blocks(self, probe: EngineConfig) -> int:
+        """On a GPU, what fits in `gpu_memory_utilization` of free memory (after weights are
+        loaded the runner re-checks); on the CPU, enough for every sequence at full length,
+        capped by a fixed budget."""
+        block_bytes = kv_block_bytes(probe)
+        if probe.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(probe.device)
+            return max(1, int(free * self.gpu_memory_utilization) // block_bytes)
+        per_seq = -(-probe.scheduler.max_model_len // self.block_size)
+        wanted = per_seq * probe.scheduler.max_num_seqs
+        return max(1, min(wanted, _CPU_KV_CACHE_BYTES // block_bytes))
+
+
+class LLMEngine:
+    """Owns the scheduler, the KV-cache manager, the model runner and the outputs."""
+
+    def __init__(
+        self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase | None = None
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.kv = KVCacheManager(
+            config.cache.block_size, config.cache.num_blocks, config.cache.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(config.scheduler, self.kv)
+        self.runner = ModelRunner(config, self.kv.block_ids)
+        self.outputs = OutputProcessor(tokenizer)
+        self._seeds = random.Random(config.seed)
+
+    @classmethod
+    def from_args(cls, args: EngineArgs) -> LLMEngine:
+        config = args.create_config()
+        return cls(config, load_tokenizer(config.model_dir))
+
+    def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError if this request can never be served. Changes nothing."""
+        num_prompt = len(prompt_token_ids)
+        max_len = self.config.scheduler.max_model_len
+        vocab = self.config.model.vocab_size
+        if num_prompt == 0:
+            raise ValueError("the prompt is empty")
+        if num_prompt > max_len:
+            raise ValueError(
+                f"the prompt has {num_prompt} tokens, more than max_model_len ({max_len})"
+            )
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        longest = min(max_len, num_prompt + (params.max_tokens or max_len))
+        if self.kv.num_blocks_needed(longest) > self.config.cache.num_blocks:
+            raise ValueError(
+                f"a sequence of {longest} tokens needs {self.kv.num_blocks_needed(longest)} KV "
+                f"blocks but the cache has only {self.config.cache.num_blocks}"
+            )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Validate, then queue `params.n` copies of the request. Raises ValueError for an
+        invalid request or an id already in use, with no state changed."""
+        if request_id in self.outputs.parent_ids():
+            raise ValueError(f"request id {request_id!r} is already in use")
+        self.validate(prompt_token_ids, params)
+        children = [
+            self._make_request(
+                request_id if params.n == 1 else f"{request_id}#{i}",
+                prompt_token_ids,
+                _child_params(params, i),
+                cache_salt,
+            )
+            for i in range(params.n)
+        ]
+        self.outputs.add(request_id, prompt, children)
+        for child in children:
+            self.scheduler.add_request(child)
+
+    def _make_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: str | None,
+    ) -> Request:
+        request = Request(
+            request_id, prompt_token_ids, params, self.config.model.eos_token_ids, cache_salt
+        )
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        request.generator = torch.Generator(self.config.device).manual_seed(seed)
+        return request
+
+    def abort_request(self, request_ids: Iterable[str]) -> list[RequestOutput]:
+        """Abort requests (by the id given to `add_request`) wherever they are; their blocks
+        are freed now. Returns their outputs, finish reason "abort"."""
+        child_ids = [c for rid in request_ids for c in self.outputs.children_of(rid)]
+        finished = self.scheduler.finish_requests(child_ids, RequestStatus.FINISHED_ABORTED)
+        return self._collect(finished)
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; return the requests that finished in it."""
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            return []
+        result = self.runner.execute(scheduler_output)
+        finished = self.scheduler.update_from_output(scheduler_output, result)
+        sampled = [
+            r for r, t in zip(scheduler_output.scheduled, result.sampled_token_ids) if t is not None
+        ]
+        hits = self.outputs.check_stop_strings(sampled)
+        finished += self.scheduler.finish_requests(
+            [r.request_id for r in hits], RequestStatus.FINISHED_STOPPED
+        )
+        return self._collect(finished)
+
+    def _collect(self, finished: list[Request]) -> list[RequestOutput]:
+        outputs = []
+        for request in finished:
+            output = self.outputs.finish(request)
+            if output is not None:
+                outputs.append(output)
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def check_integrity(self) -> BlockCounts:
+        """Assert the KV-cache invariants (see `KVCacheManager.check_integrity`)."""
+        return self.kv.check_integrity()
+
+
+def _child_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Copy `index` of an n > 1 request: one sequence, its own seed when one is given."""
+    if params.n == 1:
+        return params
+    seed = None if params.seed is None else params.seed + index
+    return SamplingParams(**{**vars(params), "n": 1, "seed": seed})

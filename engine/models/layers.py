@@ -1,0 +1,85 @@
+"""Building blocks shared by the Llama family: norms, rotary embedding, fused linears."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from tandem.engine.config import RopeScaling
+from tandem.kernels.reference import rms_norm_ref, rotary_ref
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[T, H] -> [T, H]; with `residual`, returns (norm(x + residual), x + residual)."""
+        return rms_norm_ref(x, self.weight, self.eps, residual)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style rotary embedding over a precomputed [max_pos, D] cos|sin table."""
+
+    def __init__(
+        self, head_dim: int, max_position: int, theta: float, scaling: RopeScaling | None
+    ) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        if scaling is not None:
+            inv_freq = llama3_scale_inv_freq(inv_freq, scaling)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # [max_pos, D]
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary_ref(positions, query, key, self.cos_sin_cache)
+
+
+def llama3_scale_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's rope scaling: long wavelengths slowed by `factor`, short ones kept, and a
+    smooth blend between."""
+    low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+class MergedLinear(nn.Linear):
+    """One linear layer holding several checkpoint matrices stacked on the output dim
+    (q/k/v, gate/up). Its parameters load shard by shard through `weight_loader`."""
+
+    def __init__(
+        self, in_features: int, shards: Sequence[tuple[str | int, int]], bias: bool
+    ) -> None:
+        super().__init__(in_features, sum(size for _, size in shards), bias=bias)
+        self.shard_offsets: dict[str | int, tuple[int, int]] = {}
+        start = 0
+        for shard_id, size in shards:
+            self.shard_offsets[shard_id] = (start, size)
+            start += size
+        for param in self.parameters():
+            param.weight_loader = self._load_shard  # type: ignore[attr-defined]
+            param.shard_ids = tuple(self.shard_offsets)  # type: ignore[attr-defined]
+
+    def _load_shard(self, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int) -> None:
+        start, size = self.shard_offsets[shard_id]
+        target = param.data.narrow(0, start, size)
+        if target.shape != tensor.shape:
+            raise ValueError(f"shape {tuple(tensor.shape)} != expected {tuple(target.shape)}")
+        target.copy_(tensor)

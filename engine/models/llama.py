@@ -1,0 +1,155 @@
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3) over a paged KV cache.
+
+One model covers the four: Qwen2 adds a q/k/v bias, Qwen3 an RMSNorm on q and k per head.
+Parameter names follow Hugging Face, with q/k/v fused into `qkv_proj` and gate/up into
+`gate_up_proj`; `packed_modules` tells the loader how checkpoint names map onto them.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from tandem.engine.attention import AttentionBatch
+from tandem.engine.config import ModelConfig
+from tandem.engine.models.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from tandem.kernels.reference import silu_and_mul_ref
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.scale = config.head_dim**-0.5
+        self.qkv_proj = MergedLinear(
+            config.hidden_size,
+            [("q", self.q_size), ("k", self.kv_size), ("v", self.kv_size)],
+            bias=config.qkv_bias,
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.qk_norm = config.qk_norm
+        if config.qk_norm:
+            self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T]
+        hidden: torch.Tensor,  # [T, H]
+        kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+        attn: AttentionBatch,
+    ) -> torch.Tensor:  # [T, H]
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, _ = self.q_norm(q)
+            k, _ = self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = attn.backend.forward(q, k, v, kv_layer, attn.metadata, self.scale)
+        return self.o_proj(out.view(num_tokens, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, [(0, size), (1, size)], bias=False)
+        self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
+        return self.down_proj(silu_and_mul_ref(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T]
+        hidden: torch.Tensor,  # [T, H]
+        residual: torch.Tensor | None,  # [T, H]
+        kv_layer: torch.Tensor,
+        attn: AttentionBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden, _ = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, kv_layer, attn)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_cache: torch.Tensor,  # [N, L, 2, bs, Hkv, D]
+        attn: AttentionBatch,
+    ) -> torch.Tensor:  # [T, H]
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for i, layer in enumerate(self.layers):
+            hidden, residual = layer(positions, hidden, residual, kv_cache[:, i], attn)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    # checkpoint name fragment -> (our fused parameter fragment, shard id)
+    packed_modules: ClassVar[dict[str, tuple[str, str | int]]] = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
+    # checkpoint tensors that carry nothing we need
+    ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_cache: torch.Tensor,  # [N, L, 2, bs, Hkv, D]
+        attn: AttentionBatch,
+    ) -> torch.Tensor:  # [T, H]
+        return self.model(input_ids, positions, kv_cache, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] fp32
+        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return torch.nn.functional.linear(hidden, weight).float()

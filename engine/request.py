@@ -1,0 +1,128 @@
+"""Per-request state: plain counters, with derived values as properties."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+
+import torch
+
+from tandem.engine.block_hash import BlockHash
+from tandem.engine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities for one sampled token: its own, its rank, and the top N."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...]
+
+
+class Request:
+    """One sequence being generated. The scheduler owns its status and counters; the KV-cache
+    manager owns its blocks and `block_hashes`; the sampler reads its `generator`.
+
+    The model computes `all_token_ids[:num_computed_tokens]`; a request is decoding when
+    only its last sampled token is left to compute.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: tuple[int, ...] = (),
+        cache_salt: str | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = eos_token_ids
+        self.cache_salt = cache_salt
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.all_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.output_logprobs: list[TokenLogprobs] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.num_preemptions = 0
+        self.status = RequestStatus.WAITING
+        self.block_hashes: list[BlockHash] = []
+        self.generator: torch.Generator | None = None
+        self.first_scheduled_time: float | None = None
+        # The stop token id or stop string that finished the request, if one did.
+        self.stop_reason: int | str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        if logprobs is not None:
+            self.output_logprobs.append(logprobs)
+
+    def check_stop(self, max_model_len: int) -> RequestStatus | None:
+        """The finished status the last appended token implies, or None to go on. Records
+        the stop token in `stop_reason`."""
+        params = self.sampling_params
+        num_out = self.num_output_tokens
+        last = self.output_token_ids[-1]
+        if num_out >= params.min_tokens and (
+            last in params.stop_token_ids or (not params.ignore_eos and last in self.eos_token_ids)
+        ):
+            self.stop_reason = last
+            return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and num_out >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if self.num_tokens >= max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, status={self.status.name})"
+        )

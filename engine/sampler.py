@@ -1,0 +1,153 @@
+"""The sampler: logits of the sequences due a token -> token ids and log-probabilities.
+
+Order of operations, as in vLLM: raw log-probabilities (what `logprobs` reports) are taken
+first; then logit bias, penalties and the `min_tokens` mask; greedy rows take the argmax;
+random rows are divided by their temperature, filtered by min-p, top-k and top-p, and drawn
+with their own `torch.Generator` (the exponential-race trick), so a request's draws never
+depend on the batch around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem.engine.request import Request, TokenLogprobs
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+class Sampler:
+    """Stateless; reads each request's params, output tokens and generator (which it
+    advances)."""
+
+    def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
+        """`logits`: [S, V] float32, row i for `requests[i]`."""
+        assert logits.dim() == 2 and logits.shape[0] == len(requests), (logits.shape, len(requests))
+        want_logprobs = [r.sampling_params.logprobs for r in requests]
+        raw_logprobs = None
+        if any(n is not None for n in want_logprobs):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        logits = self._process(logits, requests)
+        token_ids = self._pick(logits, requests)
+        logprobs: list[TokenLogprobs | None] = [None] * len(requests)
+        if raw_logprobs is not None:
+            logprobs = _gather_logprobs(raw_logprobs, token_ids, want_logprobs)
+        return SamplerOutput(token_ids=token_ids.tolist(), logprobs=logprobs)
+
+    def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        rows = [i for i, r in enumerate(requests) if _needs_processing(r)]
+        if not rows:
+            return logits
+        logits = logits.clone()
+        for i in rows:
+            _process_row(logits[i], requests[i])
+        return logits
+
+    def _pick(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        token_ids = logits.argmax(dim=-1)  # [S]
+        rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        if rows:
+            idx = torch.tensor(rows, device=logits.device)
+            token_ids[idx] = _sample(logits[idx], [requests[i] for i in rows])
+        return token_ids
+
+
+def _needs_processing(request: Request) -> bool:
+    p = request.sampling_params
+    return bool(p.logit_bias or p.needs_penalties or request.num_output_tokens < p.min_tokens)
+
+
+def _process_row(row: torch.Tensor, request: Request) -> None:
+    """Logit bias, penalties and the min_tokens mask, applied to one [V] row in place."""
+    p = request.sampling_params
+    vocab = row.shape[0]
+    if p.logit_bias:
+        ids = torch.tensor([t for t in p.logit_bias if 0 <= t < vocab], dtype=torch.long)
+        bias = torch.tensor([p.logit_bias[t] for t in ids.tolist()], dtype=row.dtype)
+        row[ids.to(row.device)] += bias.to(row.device)
+    if p.needs_penalties:
+        _apply_penalties(row, request)
+    if request.num_output_tokens < p.min_tokens:
+        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(request.eos_token_ids))
+        ids = [t for t in stops if 0 <= t < vocab]
+        row[ids] = float("-inf")
+
+
+def _apply_penalties(row: torch.Tensor, request: Request) -> None:
+    """Repetition over prompt and output tokens; presence and frequency over output only."""
+    p = request.sampling_params
+    vocab = row.shape[0]
+    device = row.device
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(request.all_token_ids)), dtype=torch.long, device=device)
+        vals = row[seen]
+        row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if request.output_token_ids and (p.presence_penalty or p.frequency_penalty):
+        out = torch.tensor(request.output_token_ids, dtype=torch.long, device=device)
+        counts = torch.bincount(out, minlength=vocab)[:vocab].to(row.dtype)
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+
+
+def _sample(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    """Draw one token per row of `logits` [R, V] under each request's temperature and
+    filters, with its generator."""
+    device = logits.device
+    params = [r.sampling_params for r in requests]
+    temperature = torch.tensor([p.temperature for p in params], device=device)
+    logits = logits / temperature[:, None]
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device)
+        probs = torch.softmax(logits, dim=-1)
+        cutoff = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < cutoff, float("-inf"))
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        logits = _top_k_top_p(logits, params)
+    probs = torch.softmax(logits, dim=-1)
+    race = torch.empty_like(probs)
+    for i, request in enumerate(requests):
+        race[i].exponential_(generator=request.generator)
+    return (probs / race).argmax(dim=-1)
+
+
+def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:
+    """Mask all but each row's top-k tokens and its top-p nucleus (always keeping one)."""
+    vocab = logits.shape[-1]
+    device = logits.device
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
+    kth = sorted_logits.gather(1, (vocab - top_k.clamp(max=vocab))[:, None])
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop = cum <= (1 - top_p)[:, None]
+    drop[:, -1] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
+
+
+def _gather_logprobs(
+    raw: torch.Tensor, token_ids: torch.Tensor, want: Sequence[int | None]
+) -> list[TokenLogprobs | None]:
+    """The sampled token's log-probability and rank (1 = most likely), plus the top N."""
+    chosen = raw.gather(1, token_ids[:, None])  # [S, 1]
+    ranks = (raw > chosen).sum(dim=-1) + 1
+    max_n = max(n for n in want if n is not None)
+    top_vals, top_idx = raw.topk(max_n, dim=-1) if max_n else (raw[:, :0], raw[:, :0].long())
+    chosen_l, ranks_l = chosen[:, 0].tolist(), ranks.tolist()
+    top_vals_l, top_idx_l = top_vals.tolist(), top_idx.tolist()
+    tokens = token_ids.tolist()
+    out: list[TokenLogprobs | None] = []
+    for i, n in enumerate(want):
+        if n is None:
+            out.append(None)
+            continue
+        top = tuple(zip(top_idx_l[i][:n], top_vals_l[i][:n]))
+        out.append(TokenLogprobs(tokens[i], chosen_l[i], ranks_l[i], top))
+    return out

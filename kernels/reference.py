@@ -1,0 +1,105 @@
+"""Plain-torch reference kernels: the CPU path, and the oracle for the Triton kernels.
+
+Shapes use T tokens in the flattened batch, B sequences, Hq query heads, Hkv KV heads,
+D head size, N blocks of `bs` tokens. A layer's cache is the view `kv_cache[:, layer]`
+of the block-major tensor: [N, 2, bs, Hkv, D].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv_ref(
+    key: torch.Tensor,  # [T, Hkv, D]
+    value: torch.Tensor,  # [T, Hkv, D]
+    kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D], written in place
+    slot_mapping: torch.Tensor,  # [T] int64: block_id * bs + offset; negative = skip
+) -> None:
+    block_size = kv_layer.shape[2]
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    block_ids = slot_mapping // block_size
+    offsets = slot_mapping % block_size
+    kv_layer[block_ids, 0, offsets] = key.to(kv_layer.dtype)
+    kv_layer[block_ids, 1, offsets] = value.to(kv_layer.dtype)
+
+
+def gather_kv_ref(
+    kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+    block_tables: torch.Tensor,  # [B, MB] int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of each sequence laid out contiguously: two [B, MB * bs, Hkv, D] tensors."""
+    num_seqs, max_blocks = block_tables.shape
+    _, _, block_size, num_kv_heads, head_dim = kv_layer.shape
+    kv = kv_layer[block_tables.long()]  # [B, MB, 2, bs, Hkv, D]
+    kv = kv.transpose(1, 2).reshape(num_seqs, 2, max_blocks * block_size, num_kv_heads, head_dim)
+    return kv[:, 0], kv[:, 1]
+
+
+def attention_ref(
+    query: torch.Tensor,  # [B, Q, Hq, D]
+    key: torch.Tensor,  # [B, S, Hkv, D]
+    value: torch.Tensor,  # [B, S, Hkv, D]
+    query_positions: torch.Tensor,  # [B, Q] int: absolute position of each query token
+    seq_lens: torch.Tensor,  # [B] int: valid keys per sequence
+    scale: float,
+) -> torch.Tensor:  # [B, Q, Hq, D]
+    """Causal attention with grouped-query heads, accumulated in float32.
+
+    Key j of sequence b is visible to a query at position p when j <= p and j < seq_lens[b].
+    """
+    num_seqs, num_q, num_heads, head_dim = query.shape
+    num_keys, num_kv_heads = key.shape[1], key.shape[2]
+    group = num_heads // num_kv_heads
+    q = query.float().view(num_seqs, num_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
+    k = key.float().permute(0, 2, 3, 1)  # [B, Hkv, D, S]
+    v = value.float().transpose(1, 2)  # [B, Hkv, S, D]
+    scores = torch.matmul(q.reshape(num_seqs, num_kv_heads, group * num_q, head_dim), k)
+    scores = scores.view(num_seqs, num_kv_heads, group, num_q, num_keys) * scale
+    key_idx = torch.arange(num_keys, device=query.device)
+    visible = (key_idx <= query_positions[..., None]) & (key_idx < seq_lens[:, None, None])
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(num_seqs, num_kv_heads, group * num_q, num_keys)
+    out = torch.matmul(probs, v).view(num_seqs, num_kv_heads, group, num_q, head_dim)
+    return out.permute(0, 3, 1, 2, 4).reshape(num_seqs, num_q, num_heads, head_dim).to(query.dtype)
+
+
+def rms_norm_ref(
+    x: torch.Tensor,  # [T, H]
+    weight: torch.Tensor,  # [H]
+    eps: float,
+    residual: torch.Tensor | None = None,  # [T, H]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RMSNorm in float32; with `residual`, first adds it and also returns the sum (the new
+    residual stream)."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype), residual
+
+
+def rotary_ref(
+    positions: torch.Tensor,  # [T] int
+    query: torch.Tensor,  # [T, Hq, D]
+    key: torch.Tensor,  # [T, Hkv, D]
+    cos_sin_cache: torch.Tensor,  # [max_pos, D]: cos in [:, :D/2], sin in [:, D/2:]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style rotary embedding (rotate the two halves), as Llama in transformers."""
+    cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
+    cos, sin = cos[:, None], sin[:, None]
+    return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -1,0 +1,1 @@
+"""kopf operator for the LLMDeployment custom resource (arrives with issue 5)."""
