@@ -1,0 +1,102 @@
+"""The reference kernels and the CPU attention backend against dense causal attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tandem.engine.attention import CommonAttentionMetadata
+from tandem.engine.torch_attention import TorchAttentionBackend
+from tandem.kernels.reference import rotary_ref, write_kv_ref
+
+
+def dense_attention(q, k, v, scale):  # q [Q, Hq, D], k/v [S, Hkv, D], queries are the last Q
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    num_q, num_k = q.shape[0], k.shape[0]
+    mask = torch.ones(num_q, num_k, dtype=torch.bool).tril(num_k - num_q)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale
+    )
+    return out.transpose(0, 1)
+
+
+def test_write_kv_skips_negative_slots():
+    cache = torch.zeros(4, 2, 4, 1, 2)  # [N, 2, bs, Hkv, D]
+    key = torch.arange(6.0).view(3, 1, 2)
+    slots = torch.tensor([5, -1, 14])
+    write_kv_ref(key, -key, cache, slots)
+    assert torch.equal(cache[1, 0, 1, 0], key[0, 0])
+    assert torch.equal(cache[3, 1, 2, 0], -key[2, 0])
+    assert int((cache != 0).any(-1).sum()) == 4  # two slots, K and V each
+
+
+def test_rotary_matches_transformers():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    dim, positions = 16, torch.tensor([0, 3, 17, 100])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.outer(torch.arange(128).float(), inv_freq)
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    q, k = torch.randn(4, 3, dim), torch.randn(4, 1, dim)
+    ours_q, ours_k = rotary_ref(positions, q, k, cache)
+    emb = torch.cat((freqs[positions], freqs[positions]), dim=-1)
+    ref_q, ref_k = apply_rotary_pos_emb(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], emb.cos()[None], emb.sin()[None]
+    )
+    torch.testing.assert_close(ours_q, ref_q[0].transpose(0, 1))
+    torch.testing.assert_close(ours_k, ref_k[0].transpose(0, 1))
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (8, 1)])
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_backend_on_a_mixed_batch_with_scattered_blocks(num_heads, num_kv_heads, block_size):
+    torch.manual_seed(0)
+    head_dim, num_blocks = 16, 64
+    # (cached prefix, new tokens): decodes, a fresh prefill, a chunk after an odd prefix
+    seqs = [(9, 1), (0, 13), (21, 1), (7, 6), (0, 1)]
+    perm = torch.randperm(num_blocks).tolist()  # scattered, non-monotonic block ids
+    tables, full_k, full_v = [], [], []
+    kv_layer = torch.zeros(num_blocks, 2, block_size, num_kv_heads, head_dim)
+    for cached, new in seqs:
+        need = -(-(cached + new) // block_size)
+        tables.append([perm.pop() for _ in range(need)])
+        full_k.append(torch.randn(cached + new, num_kv_heads, head_dim))
+        full_v.append(torch.randn(cached + new, num_kv_heads, head_dim))
+        for pos in range(cached):  # the prefix is already in the cache
+            blk, off = tables[-1][pos // block_size], pos % block_size
+            kv_layer[blk, 0, off], kv_layer[blk, 1, off] = full_k[-1][pos], full_v[-1][pos]
+    query_lens = [new for _, new in seqs]
+    seq_lens = np.array([c + n for c, n in seqs], dtype=np.int32)
+    qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    width = max(map(len, tables))
+    bt = np.zeros((len(seqs), width), dtype=np.int32)
+    for i, t in enumerate(tables):
+        bt[i, : len(t)] = t
+    slots = [
+        tables[i][p // block_size] * block_size + p % block_size
+        for i, (c, n) in enumerate(seqs)
+        for p in range(c, c + n)
+    ]
+    common = CommonAttentionMetadata(
+        query_start_loc=torch.from_numpy(qsl),
+        seq_lens=torch.from_numpy(seq_lens),
+        block_tables=torch.from_numpy(bt),
+        slot_mapping=torch.tensor(slots),
+        query_start_loc_cpu=qsl,
+        seq_lens_cpu=seq_lens,
+        block_tables_cpu=bt,
+        max_query_len=max(query_lens),
+        max_seq_len=int(seq_lens.max()),
+    )
+    q = torch.randn(int(qsl[-1]), num_heads, head_dim)
+    new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, seqs)])
+    new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, seqs)])
+    backend = TorchAttentionBackend(block_size)
+    out = backend.forward(q, new_k, new_v, kv_layer, backend.build(common), scale=0.25)
+    for i in range(len(seqs)):
+        s, e = int(qsl[i]), int(qsl[i + 1])
+        expected = dense_attention(q[s:e], full_k[i], full_v[i], scale=0.25)
+        torch.testing.assert_close(out[s:e], expected, rtol=1e-5, atol=1e-5)
