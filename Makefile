@@ -19,6 +19,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu and not e2e" $(PYTEST_ARGS)
 
 lint: install

@@ -74,7 +74,7 @@ def test_a_sequence_that_can_never_fit_the_pool_is_refused(llama_dir):
 
 
 def test_unknown_model_folder_is_an_os_error(tmp_path):
-    with pytest.raises(OSError, match="no config.json"):
+    with pytest.raises(OSError, match=r"no config\.json"):
         LLM(str(tmp_path))
 
 
