@@ -1,7 +1,11 @@
 """The CPU attention backend: plain torch, reading K/V through block tables.
 
-Decoding sequences (one query token) attend in one batched call; prefill chunks attend
-one sequence at a time, so padding never multiplies a long chunk by the batch size.
+Decoding sequences (one query token) are sorted by context length and attend in batched
+groups, each padded only to its own longest context; prefill chunks attend one sequence at
+a time, so padding never multiplies a long chunk by the batch size. Both run torch's fused
+`scaled_dot_product_attention` on strided views of the gathered K/V; a decode treats its
+GQA group of query heads as G queries of one KV head, so no head is expanded or copied.
+`tandem.kernels.reference.attention_ref` is the plain-math oracle the tests hold this to.
 """
 
 from __future__ import annotations
@@ -10,9 +14,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from tandem.engine.attention import AttentionBackend, CommonAttentionMetadata
-from tandem.kernels.reference import attention_ref, gather_kv_ref, write_kv_ref
+from tandem.kernels.reference import gather_kv_ref, write_kv_ref
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    token_idx: torch.Tensor  # [Bg] int64: rows of the flat batch
+    block_tables: torch.Tensor  # [Bg, MBg] int
+    mask: torch.Tensor  # [Bg, 1, 1, MBg * bs] bool: key j < seq_len
 
 
 @dataclass(frozen=True)
@@ -20,42 +32,48 @@ class PrefillSlice:
     start: int
     end: int
     block_table: torch.Tensor  # [1, num_blocks] int
-    positions: torch.Tensor  # [1, end - start] int
-    seq_len: torch.Tensor  # [1] int
+    mask: torch.Tensor  # [Q, num_blocks * bs] bool: causal, bottom-right aligned
 
 
 @dataclass(frozen=True)
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64
-    decode_token_idx: torch.Tensor  # [Bd] int64
-    decode_block_tables: torch.Tensor  # [Bd, MBd] int
-    decode_positions: torch.Tensor  # [Bd, 1] int
-    decode_seq_lens: torch.Tensor  # [Bd] int
+    decodes: tuple[DecodeGroup, ...]
     prefills: tuple[PrefillSlice, ...]
 
 
 class TorchAttentionBackend(AttentionBackend):
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, decode_group_size: int = 16) -> None:
         self.block_size = block_size
+        self.decode_group_size = decode_group_size
 
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
-        qsl = common.query_start_loc_cpu
-        seq_lens = common.seq_lens_cpu
-        query_lens = np.diff(qsl)
+        query_lens = np.diff(common.query_start_loc_cpu)
         device = common.slot_mapping.device
         decode = np.flatnonzero(query_lens == 1)
-        dec_blocks = -(-int(seq_lens[decode].max()) // self.block_size) if len(decode) else 0
+        decode = decode[np.argsort(common.seq_lens_cpu[decode], kind="stable")]
+        size = self.decode_group_size
+        groups = [decode[i : i + size] for i in range(0, len(decode), size)]
         return TorchAttentionMetadata(
             slot_mapping=common.slot_mapping,
-            decode_token_idx=torch.from_numpy(qsl[decode].astype(np.int64)).to(device),
-            decode_block_tables=torch.from_numpy(
-                np.ascontiguousarray(common.block_tables_cpu[decode, :dec_blocks])
-            ).to(device),
-            decode_positions=torch.from_numpy(seq_lens[decode, None] - 1).to(device),
-            decode_seq_lens=torch.from_numpy(seq_lens[decode]).to(device),
+            decodes=tuple(self._decode_group(common, g, device) for g in groups),
             prefills=tuple(
                 self._prefill_slice(common, int(b), device) for b in np.flatnonzero(query_lens > 1)
             ),
+        )
+
+    def _decode_group(
+        self, common: CommonAttentionMetadata, rows: np.ndarray, device: torch.device
+    ) -> DecodeGroup:
+        seq_lens = common.seq_lens_cpu[rows]
+        num_blocks = -(-int(seq_lens.max()) // self.block_size)
+        tables = np.ascontiguousarray(common.block_tables_cpu[rows, :num_blocks])
+        token_idx = common.query_start_loc_cpu[rows].astype(np.int64)
+        mask = np.arange(num_blocks * self.block_size) < seq_lens[:, None]
+        return DecodeGroup(
+            token_idx=torch.from_numpy(token_idx).to(device),
+            block_tables=torch.from_numpy(tables).to(device),
+            mask=torch.from_numpy(mask[:, None, None]).to(device),
         )
 
     def _prefill_slice(
@@ -65,13 +83,13 @@ class TorchAttentionBackend(AttentionBackend):
         seq_len = int(common.seq_lens_cpu[b])
         num_blocks = -(-seq_len // self.block_size)
         table = common.block_tables_cpu[b : b + 1, :num_blocks]
-        positions = torch.arange(seq_len - (end - start), seq_len, device=device)
+        positions = np.arange(seq_len - (end - start), seq_len)
+        mask = np.arange(num_blocks * self.block_size) <= positions[:, None]
         return PrefillSlice(
             start=start,
             end=end,
             block_table=torch.from_numpy(np.ascontiguousarray(table)).to(device),
-            positions=positions[None],
-            seq_len=torch.tensor([seq_len], device=device),
+            mask=torch.from_numpy(mask).to(device),
         )
 
     def forward(
@@ -85,13 +103,25 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:  # [T, Hq, D]
         write_kv_ref(key, value, kv_layer, metadata.slot_mapping)
         out = torch.empty_like(query)
-        if len(metadata.decode_token_idx):
-            k, v = gather_kv_ref(kv_layer, metadata.decode_block_tables)
-            q = query[metadata.decode_token_idx][:, None]  # [Bd, 1, Hq, D]
-            o = attention_ref(q, k, v, metadata.decode_positions, metadata.decode_seq_lens, scale)
-            out[metadata.decode_token_idx] = o[:, 0]
+        num_kv_heads, head_dim = key.shape[1], key.shape[2]
+        group = query.shape[1] // num_kv_heads
+        for g in metadata.decodes:
+            k, v = gather_kv_ref(kv_layer, g.block_tables)  # [Bg, S, Hkv, D]
+            q = query[g.token_idx].view(-1, num_kv_heads, group, head_dim)  # [Bg, Hkv, G, D]
+            o = F.scaled_dot_product_attention(
+                q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=g.mask, scale=scale
+            )  # [Bg, Hkv, G, D]
+            out[g.token_idx] = o.reshape(-1, num_kv_heads * group, head_dim)
         for p in metadata.prefills:
-            k, v = gather_kv_ref(kv_layer, p.block_table)
-            q = query[p.start : p.end][None]  # [1, Q, Hq, D]
-            out[p.start : p.end] = attention_ref(q, k, v, p.positions, p.seq_len, scale)[0]
+            k, v = gather_kv_ref(kv_layer, p.block_table)  # [1, S, Hkv, D]
+            q = query[p.start : p.end].transpose(0, 1)[None]  # [1, Hq, Q, D]
+            o = F.scaled_dot_product_attention(
+                q,
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                attn_mask=p.mask,
+                scale=scale,
+                enable_gqa=group > 1,
+            )  # [1, Hq, Q, D]
+            out[p.start : p.end] = o[0].transpose(0, 1)
         return out

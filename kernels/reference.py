@@ -31,12 +31,16 @@ def gather_kv_ref(
     kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
     block_tables: torch.Tensor,  # [B, MB] int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of each sequence laid out contiguously: two [B, MB * bs, Hkv, D] tensors."""
+    """K and V of each sequence laid out contiguously: two [B, MB * bs, Hkv, D] tensors.
+
+    K and V are gathered separately so that each is copied once (gathering both and then
+    splitting would copy twice).
+    """
     num_seqs, max_blocks = block_tables.shape
     _, _, block_size, num_kv_heads, head_dim = kv_layer.shape
-    kv = kv_layer[block_tables.long()]  # [B, MB, 2, bs, Hkv, D]
-    kv = kv.transpose(1, 2).reshape(num_seqs, 2, max_blocks * block_size, num_kv_heads, head_dim)
-    return kv[:, 0], kv[:, 1]
+    index = block_tables.long()
+    shape = (num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
+    return kv_layer[:, 0][index].view(shape), kv_layer[:, 1][index].view(shape)
 
 
 def attention_ref(
