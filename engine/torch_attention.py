@@ -32,7 +32,9 @@ class PrefillSlice:
     start: int
     end: int
     block_table: torch.Tensor  # [1, num_blocks] int
-    mask: torch.Tensor  # [Q, num_blocks * bs] bool: causal, bottom-right aligned
+    # [Q, num_blocks * bs] bool, causal and bottom-right aligned; None when the chunk is
+    # the whole context (no cached prefix): then K/V come straight from this step.
+    mask: torch.Tensor | None
 
 
 @dataclass(frozen=True)
@@ -83,13 +85,15 @@ class TorchAttentionBackend(AttentionBackend):
         seq_len = int(common.seq_lens_cpu[b])
         num_blocks = -(-seq_len // self.block_size)
         table = common.block_tables_cpu[b : b + 1, :num_blocks]
-        positions = np.arange(seq_len - (end - start), seq_len)
-        mask = np.arange(num_blocks * self.block_size) <= positions[:, None]
+        mask = None
+        if seq_len > end - start:
+            positions = np.arange(seq_len - (end - start), seq_len)
+            mask = torch.from_numpy(np.arange(num_blocks * self.block_size) <= positions[:, None])
         return PrefillSlice(
             start=start,
             end=end,
             block_table=torch.from_numpy(np.ascontiguousarray(table)).to(device),
-            mask=torch.from_numpy(mask).to(device),
+            mask=None if mask is None else mask.to(device),
         )
 
     def forward(
@@ -113,13 +117,17 @@ class TorchAttentionBackend(AttentionBackend):
             )  # [Bg, Hkv, G, D]
             out[g.token_idx] = o.reshape(-1, num_kv_heads * group, head_dim)
         for p in metadata.prefills:
-            k, v = gather_kv_ref(kv_layer, p.block_table)  # [1, S, Hkv, D]
+            if p.mask is None:
+                k, v = key[None, p.start : p.end], value[None, p.start : p.end]
+            else:
+                k, v = gather_kv_ref(kv_layer, p.block_table)  # [1, S, Hkv, D]
             q = query[p.start : p.end].transpose(0, 1)[None]  # [1, Hq, Q, D]
             o = F.scaled_dot_product_attention(
                 q,
                 k.transpose(1, 2),
                 v.transpose(1, 2),
                 attn_mask=p.mask,
+                is_causal=p.mask is None,
                 scale=scale,
                 enable_gqa=group > 1,
             )  # [1, Hq, Q, D]

@@ -38,9 +38,13 @@ def gather_kv_ref(
     """
     num_seqs, max_blocks = block_tables.shape
     _, _, block_size, num_kv_heads, head_dim = kv_layer.shape
-    index = block_tables.long()
+    index = block_tables.reshape(-1).long()
     shape = (num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
-    return kv_layer[:, 0][index].view(shape), kv_layer[:, 1][index].view(shape)
+    # Each block's K (or V) is one contiguous row: index_select copies rows, the fastest
+    # gather torch has on the CPU.
+    k = kv_layer.select(1, 0).flatten(1).index_select(0, index)
+    v = kv_layer.select(1, 1).flatten(1).index_select(0, index)
+    return k.view(shape), v.view(shape)
 
 
 def attention_ref(
@@ -101,9 +105,13 @@ def rotary_ref(
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    half = x.shape[-1] // 2
+    torch.addcmul(x1 * cos, x2, sin, value=-1, out=out[..., :half])
+    torch.addcmul(x2 * cos, x1, sin, out=out[..., half:])
+    return out.to(x.dtype)
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
     gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate).mul_(up)

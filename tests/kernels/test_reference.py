@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from tandem.engine.attention import CommonAttentionMetadata
 from tandem.engine.torch_attention import TorchAttentionBackend
-from tandem.kernels.reference import rotary_ref, write_kv_ref
+from tandem.kernels.reference import attention_ref, rotary_ref, write_kv_ref
 
 
 def dense_attention(q, k, v, scale):  # q [Q, Hq, D], k/v [S, Hkv, D], queries are the last Q
@@ -100,3 +100,18 @@ def test_backend_on_a_mixed_batch_with_scattered_blocks(num_heads, num_kv_heads,
         s, e = int(qsl[i]), int(qsl[i + 1])
         expected = dense_attention(q[s:e], full_k[i], full_v[i], scale=0.25)
         torch.testing.assert_close(out[s:e], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (6, 2)])
+def test_attention_ref_is_causal_attention(num_heads, num_kv_heads):
+    torch.manual_seed(1)
+    seq_lens = torch.tensor([7, 12])
+    num_q, max_len, head_dim = 5, 12, 8
+    q = torch.randn(2, num_q, num_heads, head_dim)
+    k = torch.randn(2, max_len, num_kv_heads, head_dim)
+    v = torch.randn(2, max_len, num_kv_heads, head_dim)
+    positions = seq_lens[:, None] - num_q + torch.arange(num_q)  # the last Q tokens
+    out = attention_ref(q, k, v, positions, seq_lens, scale=0.3)
+    for b, n in enumerate(seq_lens.tolist()):
+        expected = dense_attention(q[b], k[b, :n], v[b, :n], scale=0.3)
+        torch.testing.assert_close(out[b], expected, rtol=1e-5, atol=1e-5)
