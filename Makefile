@@ -1,7 +1,9 @@
 # The README's commands: `make test` and `make serve`. Both set up .venv from scratch.
 PYTHON ?= python3
 VENV ?= .venv
-PY := $(VENV)/bin/python
+# -P keeps the working directory off sys.path: from the repo root, the `operator/` folder
+# would otherwise shadow the standard library's `operator` before the project is installed.
+PY := $(VENV)/bin/python -P
 STAMP := $(VENV)/.installed-stamp
 # The CPU wheel of torch is local on our machines; a CUDA build elsewhere.
 TORCH_VERSION ?= 2.13.0
@@ -12,7 +14,7 @@ PYTEST_ARGS ?=
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install -q -e ".[dev]"

@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from tandem.engine.block_hash import hash_block, hash_blocks
 from tandem.engine.kv_cache_manager import KVCacheManager
 from tandem.engine.request import Request
@@ -110,3 +114,59 @@ def test_decode_growth_allocates_a_block_per_block_size_tokens():
     # the first block is now full and published
     assert kv.pool.blocks[0].block_hash == hash_blocks([1, 2, 3, 4], 4)[0]
     kv.check_integrity()
+
+
+class KVCacheManagerMachine(RuleBasedStateMachine):
+    """Admit (with prefix hits), append decode tokens, free and evict at random; the
+    manager's integrity and each request's block count are checked after every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = KVCacheManager(block_size=4, num_blocks=12)
+        self.live: dict[str, Request] = {}
+        self.count = 0
+
+    @rule(prefix=st.integers(0, 2), length=st.integers(1, 14))
+    def admit(self, prefix, length):
+        # a few shared prefixes make prefix hits frequent
+        tokens = [prefix] * 8 + [100 + self.count + i for i in range(length)]
+        request = make_request(f"r{self.count}", tokens)
+        self.count += 1
+        computed = self.kv.get_computed_blocks(request)
+        num_new = request.num_tokens - computed.num_tokens
+        free_before = self.kv.pool.num_free_blocks
+        if self.kv.allocate_slots(request, num_new, computed) is None:
+            assert self.kv.pool.num_free_blocks == free_before
+            assert self.kv.block_ids(request.request_id) == []
+            return
+        request.num_computed_tokens = request.num_tokens
+        self.live[request.request_id] = request
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def append(self, data):
+        request = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        request.append_output_token(7)
+        if self.kv.allocate_slots(request, 1) is None:
+            self.kv.free(request)
+            del self.live[request.request_id]  # what the scheduler's preemption does
+        else:
+            request.num_computed_tokens += 1
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def free(self, data):
+        self.kv.free(self.live.pop(data.draw(st.sampled_from(sorted(self.live)))))
+
+    @invariant()
+    def consistent(self):
+        self.kv.check_integrity()
+        for request in self.live.values():
+            needed = self.kv.num_blocks_needed(request.num_computed_tokens)
+            assert len(self.kv.block_ids(request.request_id)) == needed
+
+
+KVCacheManagerMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None
+)
+test_kv_cache_manager_state_machine = KVCacheManagerMachine.TestCase
