@@ -70,6 +70,14 @@ class ModelConfig:
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
 
+    def num_parameters(self) -> int:
+        """Parameter count implied by the shapes (for memory planning)."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        attn = self.hidden_size * (q + 2 * kv) + q * self.hidden_size
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return embed + self.num_layers * (attn + mlp + 2 * self.hidden_size) + self.hidden_size
+
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> ModelConfig:
         """Read `config.json` (and `generation_config.json` for EOS ids) from a model folder.

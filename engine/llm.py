@@ -90,7 +90,9 @@ class LLM:
         return self.generate(None, sampling_params, prompt_token_ids=token_ids, use_tqdm=use_tqdm)
 
     def _prompts(
-        self, prompts: str | Sequence[str] | None, prompt_token_ids
+        self,
+        prompts: str | Sequence[str] | None,
+        prompt_token_ids: Sequence[int] | Sequence[Sequence[int]] | None,
     ) -> tuple[list[str | None], list[list[int]]]:
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("give exactly one of prompts and prompt_token_ids")

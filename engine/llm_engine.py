@@ -70,13 +70,17 @@ class EngineArgs:
         return EngineConfig(self.model, model, cache, scheduler, device, probe.dtype, self.seed)
 
     def _default_num_blocks(self, probe: EngineConfig) -> int:
-        """On a GPU, what fits in `gpu_memory_utilization` of free memory (after weights are
-        loaded the runner re-checks); on the CPU, enough for every sequence at full length,
-        capped by a fixed budget."""
+        """On a GPU, what fits in `gpu_memory_utilization` of free memory once the weights
+        are counted; on the CPU, enough for every sequence at full length, capped by a fixed
+        budget."""
         block_bytes = kv_block_bytes(probe)
         if probe.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(probe.device)
-            return max(1, int(free * self.gpu_memory_utilization) // block_bytes)
+            weights = probe.model.num_parameters() * probe.dtype.itemsize
+            budget = int(free * self.gpu_memory_utilization) - weights
+            if budget < block_bytes:
+                raise ValueError(f"no GPU memory left for the KV cache ({free} bytes free)")
+            return budget // block_bytes
         per_seq = -(-probe.scheduler.max_model_len // self.block_size)
         wanted = per_seq * probe.scheduler.max_num_seqs
         return max(1, min(wanted, _CPU_KV_CACHE_BYTES // block_bytes))

@@ -7,7 +7,7 @@ sequences whose computed tokens reach their end this step get logits and a sampl
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -52,14 +52,13 @@ class ModelRunner:
     """Owns the model weights and the KV cache; reads the scheduled requests' token ids and
     block ids, never mutates the requests (the scheduler applies the output)."""
 
-    def __init__(self, config: EngineConfig, block_ids_of) -> None:
+    def __init__(self, config: EngineConfig, block_ids_of: Callable[[str], list[int]]) -> None:
         """`block_ids_of(request_id) -> list[int]` reads a request's block table."""
         self.config = config
         self.device = config.device
         self.block_size = config.cache.block_size
         self.block_ids_of = block_ids_of
         with torch.device(config.device):
-            torch.manual_seed(config.seed)
             self.model = model_class(config.model)(config.model).to(config.dtype)
         load_weights(self.model, config.model_dir)
         self.model.eval()

@@ -3,7 +3,7 @@ gathering of a request's `n` copies."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, KeysView
 from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
@@ -48,7 +48,7 @@ class OutputProcessor:
                     params.include_stop_str_in_output,
                 )
 
-    def parent_ids(self):
+    def parent_ids(self) -> KeysView[str]:
         return self._parents.keys()
 
     def children_of(self, parent_id: str) -> list[str]:

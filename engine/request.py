@@ -78,7 +78,6 @@ class Request:
         self.status = RequestStatus.WAITING
         self.block_hashes: list[BlockHash] = []
         self.generator: torch.Generator | None = None
-        self.first_scheduled_time: float | None = None
         # The stop token id or stop string that finished the request, if one did.
         self.stop_reason: int | str | None = None
 

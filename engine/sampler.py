@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.engine.request import Request, TokenLogprobs
+from tandem.engine.sampling_params import SamplingParams
 
 
 @dataclass
@@ -116,7 +117,7 @@ def _sample(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
     return (probs / race).argmax(dim=-1)
 
 
-def _top_k_top_p(logits: torch.Tensor, params) -> torch.Tensor:
+def _top_k_top_p(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
     """Mask all but each row's top-k tokens and its top-p nucleus (always keeping one)."""
     vocab = logits.shape[-1]
     device = logits.device

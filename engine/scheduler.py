@@ -9,7 +9,6 @@ recomputed later (prompt plus the tokens it already produced).
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -124,8 +123,6 @@ class Scheduler:
             request.num_cached_tokens = computed.num_tokens
             self.kv.stats.queries += request.num_tokens
             self.kv.stats.hits += computed.num_tokens
-        if request.first_scheduled_time is None:
-            request.first_scheduled_time = time.monotonic()
         request.num_computed_tokens += computed.num_tokens
         request.status = RequestStatus.RUNNING
         self.running.append(request)

@@ -133,3 +133,12 @@ def test_missing_weight_files_are_os_errors(model_dirs, llama_dir, tmp_path):
         OSError, match=r"model-00002-of-.* named by model\.safetensors\.index\.json"
     ):
         checkpoint_files(sharded)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_parameter_count_matches_the_model(model_dirs, arch):
+    config = ModelConfig.from_pretrained(model_dirs[arch])
+    model = LlamaForCausalLM(config)
+    # biases and q/k norms are small extras the planning count leaves out
+    extras = sum(p.numel() for n, p in model.named_parameters() if "bias" in n or "_norm." in n)
+    assert config.num_parameters() == sum(p.numel() for p in model.parameters()) - extras
