@@ -86,14 +86,15 @@ class TorchAttentionBackend(AttentionBackend):
         num_blocks = -(-seq_len // self.block_size)
         table = common.block_tables_cpu[b : b + 1, :num_blocks]
         mask = None
-        if seq_len > end - start:
+        if seq_len > end - start:  # a cached prefix: attend through the block table
             positions = np.arange(seq_len - (end - start), seq_len)
-            mask = torch.from_numpy(np.arange(num_blocks * self.block_size) <= positions[:, None])
+            keys = np.arange(num_blocks * self.block_size)
+            mask = torch.from_numpy(keys <= positions[:, None]).to(device)
         return PrefillSlice(
             start=start,
             end=end,
             block_table=torch.from_numpy(np.ascontiguousarray(table)).to(device),
-            mask=None if mask is None else mask.to(device),
+            mask=mask,
         )
 
     def forward(

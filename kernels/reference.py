@@ -105,11 +105,7 @@ def rotary_ref(
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    half = x.shape[-1] // 2
-    torch.addcmul(x1 * cos, x2, sin, value=-1, out=out[..., :half])
-    torch.addcmul(x2 * cos, x1, sin, out=out[..., half:])
-    return out.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]

@@ -188,7 +188,7 @@ def test_abort_frees_everything(llm):
     outs = engine.abort_request([f"abort-{i}" for i in range(4)])
     assert sorted(o.request_id for o in outs) == [f"abort-{i}" for i in range(4)]
     assert all(o.outputs[0].finish_reason == "abort" for o in outs)
+    engine.add_request("dup", [5], SamplingParams())
     with pytest.raises(ValueError, match="already in use"):
-        engine.add_request("dup", [5], SamplingParams())
         engine.add_request("dup", [5], SamplingParams())
     engine.abort_request(["dup"])

@@ -52,11 +52,15 @@ def test_rotary_matches_transformers():
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (8, 1)])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_backend_on_a_mixed_batch_with_scattered_blocks(num_heads, num_kv_heads, block_size):
+@pytest.mark.parametrize("decode_group_size", [2, 16])
+def test_backend_on_a_mixed_batch_with_scattered_blocks(
+    num_heads, num_kv_heads, block_size, decode_group_size
+):
     torch.manual_seed(0)
     head_dim, num_blocks = 16, 64
     # (cached prefix, new tokens): decodes, a fresh prefill, a chunk after an odd prefix
-    seqs = [(9, 1), (0, 13), (21, 1), (7, 6), (0, 1)]
+    # with groups of 2, the four decodes are sorted by length into two groups
+    seqs = [(9, 1), (0, 13), (21, 1), (7, 6), (0, 1), (3, 1)]
     perm = torch.randperm(num_blocks).tolist()  # scattered, non-monotonic block ids
     tables, full_k, full_v = [], [], []
     kv_layer = torch.zeros(num_blocks, 2, block_size, num_kv_heads, head_dim)
@@ -94,8 +98,11 @@ def test_backend_on_a_mixed_batch_with_scattered_blocks(num_heads, num_kv_heads,
     q = torch.randn(int(qsl[-1]), num_heads, head_dim)
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, seqs)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, seqs)])
-    backend = TorchAttentionBackend(block_size)
-    out = backend.forward(q, new_k, new_v, kv_layer, backend.build(common), scale=0.25)
+    backend = TorchAttentionBackend(block_size, decode_group_size)
+    metadata = backend.build(common)
+    assert len(metadata.decodes) == -(-4 // decode_group_size)
+    assert len(metadata.prefills) == 2
+    out = backend.forward(q, new_k, new_v, kv_layer, metadata, scale=0.25)
     for i in range(len(seqs)):
         s, e = int(qsl[i]), int(qsl[i + 1])
         expected = dense_attention(q[s:e], full_k[i], full_v[i], scale=0.25)
