@@ -86,7 +86,11 @@ class BlockCounts:
 class BlockPool:
     """Owns every `KVCacheBlock`; hands them out with a reference count of one."""
 
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, enable_caching: bool = True, record_events: bool = False
+    ) -> None:
+        """`record_events`: append (stored?, hash) to `events` whenever a hash enters or
+        leaves the prefix cache; the owner drains the list (KV events for routers)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
         self.num_blocks = num_blocks
@@ -95,6 +99,8 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached: dict[BlockHash, KVCacheBlock] = {}
         self.num_evictions = 0
+        self.record_events = record_events
+        self.events: list[tuple[bool, BlockHash]] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -152,12 +158,16 @@ class BlockPool:
                 continue
             block.block_hash = block_hash
             self.cached[block_hash] = block
+            if self.record_events:
+                self.events.append((True, block_hash))
 
     def _evict(self, block: KVCacheBlock) -> None:
         if block.block_hash is None:
             return
         if self.cached.get(block.block_hash) is block:
             del self.cached[block.block_hash]
+            if self.record_events:
+                self.events.append((False, block.block_hash))
         block.block_hash = None
         self.num_evictions += 1
 

@@ -12,6 +12,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "make-model": ("tandem.engine.tiny_model", "write a small random checkpoint"),
     "generate": ("tandem.engine.generate_cli", "generate offline from a model folder"),
+    "prefill": ("tandem.prefill_node.cli", "run a prefill node"),
+    "decode": ("tandem.decode_node.cli", "run a decode node"),
 }
 
 

@@ -39,14 +39,18 @@ class KVCacheManager:
     num_blocks: int
     enable_caching: bool = True
     extra_keys: tuple[str, ...] = ()
+    record_events: bool = False
     pool: BlockPool = field(init=False)
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
     _req_blocks: dict[str, list[KVCacheBlock]] = field(default_factory=dict)
     _req_block_ids: dict[str, list[int]] = field(default_factory=dict)
     _num_cached_blocks: dict[str, int] = field(default_factory=dict)
+    # Extra references owned by something other than a request: blocks a NIXL transfer may
+    # still read or write, keyed by whoever releases them.
+    _holds: dict[str, list[KVCacheBlock]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.pool = BlockPool(self.num_blocks, self.enable_caching)
+        self.pool = BlockPool(self.num_blocks, self.enable_caching, self.record_events)
 
     def usage(self) -> float:
         return self.pool.usage()
@@ -82,14 +86,20 @@ class KVCacheManager:
         return self._num_new_blocks(request, num_new_tokens, computed) is not None
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, computed: ComputedBlocks = ComputedBlocks()
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed: ComputedBlocks = ComputedBlocks(),
+        publish: bool = True,
     ) -> list[KVCacheBlock] | None:
         """Reserve blocks so `request` can compute `num_new_tokens` more tokens after its
         computed ones (plus `computed`, a fresh prefix hit to adopt).
 
         Returns the newly allocated blocks, or None, with no side effect, when the pool cannot
         hold them. Full blocks are published in the prefix cache as soon as they are
-        reserved: within one step the KV write precedes attention in every layer.
+        reserved (within one step the KV write precedes attention in every layer), unless
+        `publish` is False: blocks another node fills are published by `cache_blocks` once
+        their KV has landed.
         """
         num_new = self._num_new_blocks(request, num_new_tokens, computed)
         if num_new is None:
@@ -101,8 +111,9 @@ class KVCacheManager:
         for block in (*computed.blocks, *new_blocks):
             blocks.append(block)
             block_ids.append(block.block_id)
-        num_tokens = request.num_computed_tokens + computed.num_tokens + num_new_tokens
-        self._cache_full_blocks(request, num_tokens)
+        if publish:
+            num_tokens = request.num_computed_tokens + computed.num_tokens + num_new_tokens
+            self.cache_blocks(request, num_tokens)
         return new_blocks
 
     def free(self, request: Request) -> None:
@@ -112,13 +123,44 @@ class KVCacheManager:
         self._num_cached_blocks.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
 
+    def hold(self, key: str, request_id: str, start: int = 0, end: int | None = None) -> list[int]:
+        """Take an extra reference, under `key`, on the request's blocks `start:end`: they
+        outlive the request until `release(key)`. Returns their ids."""
+        if key in self._holds:
+            raise ValueError(f"hold {key!r} already exists")
+        blocks = self._req_blocks.get(request_id, [])[start:end]
+        self.pool.touch(blocks)
+        self._holds[key] = blocks
+        return [b.block_id for b in blocks]
+
+    def release(self, key: str) -> bool:
+        """Drop the hold `key`; False if there is none."""
+        blocks = self._holds.pop(key, None)
+        if blocks is None:
+            return False
+        self.pool.free_blocks(reversed(blocks))
+        return True
+
+    def is_held(self, key: str) -> bool:
+        return key in self._holds
+
+    def hold_keys(self) -> list[str]:
+        return list(self._holds)
+
+    @property
+    def num_held_blocks(self) -> int:
+        return sum(len(blocks) for blocks in self._holds.values())
+
     def check_integrity(self) -> BlockCounts:
         """Pool invariants, plus: each block's reference count equals the number of request
-        block lists holding it."""
+        block lists and holds that contain it."""
         counts = self.pool.check_integrity()
         refs = [0] * self.num_blocks
         for request_id, blocks in self._req_blocks.items():
             assert self._req_block_ids[request_id] == [b.block_id for b in blocks], request_id
+            for block in blocks:
+                refs[block.block_id] += 1
+        for blocks in self._holds.values():
             for block in blocks:
                 refs[block.block_id] += 1
         for block in self.pool.blocks:
@@ -148,7 +190,8 @@ class KVCacheManager:
             hash_blocks(request.all_token_ids, self.block_size, keys, parent, len(hashes))
         )
 
-    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Publish the request's full blocks among its first `num_tokens` tokens."""
         if not self.enable_caching:
             return
         self._update_hashes(request)

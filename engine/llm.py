@@ -98,6 +98,13 @@ class LLM:
             raise ValueError("give exactly one of prompts and prompt_token_ids")
         if prompts is not None:
             texts = [prompts] if isinstance(prompts, str) else list(prompts)
+            if not isinstance(prompts, str | list | tuple) or not all(
+                isinstance(t, str) for t in texts
+            ):
+                raise TypeError(
+                    "prompts must be a string or a list of strings; give token ids "
+                    "as prompt_token_ids="
+                )
             return texts, [self.tokenizer.encode(t) for t in texts]
         ids = list(prompt_token_ids)
         if ids and isinstance(ids[0], int):

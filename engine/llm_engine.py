@@ -109,23 +109,7 @@ class LLMEngine:
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError if this request can never be served. Changes nothing."""
-        num_prompt = len(prompt_token_ids)
-        max_len = self.config.scheduler.max_model_len
-        vocab = self.config.model.vocab_size
-        if num_prompt == 0:
-            raise ValueError("the prompt is empty")
-        if num_prompt > max_len:
-            raise ValueError(
-                f"the prompt has {num_prompt} tokens, more than max_model_len ({max_len})"
-            )
-        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        longest = min(max_len, num_prompt + (params.max_tokens or max_len))
-        if self.kv.num_blocks_needed(longest) > self.config.cache.num_blocks:
-            raise ValueError(
-                f"a sequence of {longest} tokens needs {self.kv.num_blocks_needed(longest)} KV "
-                f"blocks but the cache has only {self.config.cache.num_blocks}"
-            )
+        validate_prompt(self.config, prompt_token_ids, params)
 
     def add_request(
         self,
@@ -204,6 +188,28 @@ class LLMEngine:
     def check_integrity(self) -> BlockCounts:
         """Assert the KV-cache invariants (see `KVCacheManager.check_integrity`)."""
         return self.kv.check_integrity()
+
+
+def validate_prompt(
+    config: EngineConfig, prompt_token_ids: list[int], params: SamplingParams
+) -> None:
+    """Raise ValueError if a request with this prompt can never be served by `config`."""
+    num_prompt = len(prompt_token_ids)
+    max_len = config.scheduler.max_model_len
+    vocab = config.model.vocab_size
+    if num_prompt == 0:
+        raise ValueError("the prompt is empty")
+    if num_prompt > max_len:
+        raise ValueError(f"the prompt has {num_prompt} tokens, more than max_model_len ({max_len})")
+    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab:
+        raise ValueError(f"prompt token ids must be in [0, {vocab})")
+    longest = min(max_len, num_prompt + (params.max_tokens or max_len))
+    needed = -(-longest // config.cache.block_size)
+    if needed > config.cache.num_blocks:
+        raise ValueError(
+            f"a sequence of {longest} tokens needs {needed} KV blocks but the cache has only "
+            f"{config.cache.num_blocks}"
+        )
 
 
 def _child_params(params: SamplingParams, index: int) -> SamplingParams:

@@ -19,10 +19,14 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3
     FINISHED_LENGTH = 4
     FINISHED_ABORTED = 5
+    # Blocks reserved, prompt KV being pushed by a prefill node (disaggregated decode).
+    WAITING_FOR_REMOTE_KV = 6
+    # Failed for a reason other than the client (e.g. remote prefill failed, policy "fail").
+    FINISHED_ERROR = 7
 
     @property
     def is_finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_STOPPED
+        return self in _FINISH_REASONS
 
     @property
     def finish_reason(self) -> str | None:
@@ -33,6 +37,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -80,6 +85,11 @@ class Request:
         self.generator: torch.Generator | None = None
         # The stop token id or stop string that finished the request, if one did.
         self.stop_reason: int | str | None = None
+        # Disaggregation: the prefill worker to ask (None: prefill here), and how many of
+        # the request's leading blocks were already cached when it was sent there.
+        self.prefill_worker: str | None = None
+        self.num_remote_skip_blocks = 0
+        self.num_remote_attempts = 0
 
     @property
     def num_tokens(self) -> int:

@@ -152,3 +152,12 @@ def _gather_logprobs(
         top = tuple(zip(top_idx_l[i][:n], top_vals_l[i][:n]))
         out.append(TokenLogprobs(tokens[i], chosen_l[i], ranks_l[i], top))
     return out
+
+
+def skip_draw(request: Request, vocab_size: int, device: torch.device) -> None:
+    """Advance the request's generator past one sampled token, as if this sampler had drawn
+    it: a decode node continuing a sequence whose first token the prefill node sampled with
+    the same seed draws exactly what a single engine would have."""
+    if request.sampling_params.greedy or request.generator is None:
+        return
+    torch.empty(vocab_size, device=device).exponential_(generator=request.generator)

@@ -192,3 +192,8 @@ def test_abort_frees_everything(llm):
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("dup", [5], SamplingParams())
     engine.abort_request(["dup"])
+
+
+def test_non_string_prompts_are_refused(llm):
+    with pytest.raises(TypeError, match="prompt_token_ids"):
+        llm.generate({"prompt_token_ids": [5, 6, 7]}, use_tqdm=False)

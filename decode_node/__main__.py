@@ -1,0 +1,3 @@
+from tandem.decode_node.cli import main
+
+main()

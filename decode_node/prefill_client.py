@@ -1,0 +1,72 @@
+"""The decode node's side of the control channel: one ZMQ DEALER per prefill worker.
+
+Sockets use ZMQ_IMMEDIATE, so a message is only queued on a live connection: a request
+never waits in a buffer for a dead worker and is never delivered, stale, to its successor.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import zmq
+
+from tandem.engine.kv_transfer import FromPrefill, decode_from_prefill, encode
+
+logger = logging.getLogger(__name__)
+
+# How long the first send to a new worker waits for the connection.
+CONNECT_TIMEOUT_MS = 500
+
+
+class PrefillClient:
+    """Owns the DEALER sockets, registering each with the node's poller."""
+
+    def __init__(self, context: zmq.Context, poller: zmq.Poller) -> None:
+        self.context = context
+        self.poller = poller
+        self.sockets: dict[str, zmq.Socket] = {}
+
+    def send(self, endpoint: str, message: msgspec.Struct) -> bool:
+        """Queue `message` for the worker at `endpoint` ("tcp://host:port"). False when no
+        connection to it is up."""
+        new = endpoint not in self.sockets
+        sock = self._socket(endpoint)
+        if new:
+            sock.poll(CONNECT_TIMEOUT_MS, zmq.POLLOUT)
+        try:
+            sock.send(encode(message), zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            logger.warning("prefill worker %s unreachable: %s", endpoint, exc)
+            return False
+        return True
+
+    def receive(self) -> list[tuple[str, FromPrefill]]:
+        """Every reply waiting on any socket, as (endpoint, message)."""
+        replies = []
+        for endpoint, sock in self.sockets.items():
+            while True:
+                try:
+                    data = sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    replies.append((endpoint, decode_from_prefill(data)))
+                except msgspec.DecodeError as exc:
+                    logger.warning("undecodable reply from %s: %s", endpoint, exc)
+        return replies
+
+    def _socket(self, endpoint: str) -> zmq.Socket:
+        sock = self.sockets.get(endpoint)
+        if sock is None:
+            sock = self.context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.connect(endpoint)
+            self.poller.register(sock, zmq.POLLIN)
+            self.sockets[endpoint] = sock
+        return sock
+
+    def close(self) -> None:
+        for sock in self.sockets.values():
+            sock.close(0)

@@ -1,0 +1,174 @@
+"""The decode node process: the token-level HTTP API for the router, the engine loop, the
+DEALER sockets to prefill workers, and the PUB socket with KV events and load.
+
+`POST /generate` streams newline-delimited JSON records: `token_ids`, `text` (the delta),
+`logprobs`, and on the last record `finish_reason`, `stop_reason`, `usage` (and `error`
+when the request failed). `POST /abort` ends a request wherever it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import torch
+import zmq
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel, Field
+
+from tandem.decode_node.prefill_client import PrefillClient
+from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
+from tandem.engine.kv_events import KVEventPublisher
+from tandem.engine.node_core import NodeCore, NodeIdentity, engine_args_from
+from tandem.engine.node_loop import NodeLoop
+from tandem.engine.node_server import NodeServer
+from tandem.engine.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+_REMOTE_POLL_MS = 1  # NIXL notifications have no file descriptor: poll while waiting
+_IDLE_POLL_MS = 100
+
+
+class GenerateBody(BaseModel):
+    request_id: str = Field(min_length=1)
+    token_ids: list[int]
+    sampling: dict[str, Any] = {}
+    prefill: str | None = None
+    prefill_alternates: list[str] = []
+    cache_salt: str | None = None
+
+
+class AbortBody(BaseModel):
+    request_id: str
+
+
+class DecodeLoop:
+    """One iteration: wait, run queued calls, read replies and notifications, step,
+    publish KV events."""
+
+    def __init__(self, core: NodeCore, loop: NodeLoop, options: DecodeOptions, pub: str) -> None:
+        self.core = core
+        self.loop = loop
+        self.context = zmq.Context()
+        self.poller = zmq.Poller()
+        self.poller.register(loop.wake_fd, zmq.POLLIN)
+        self.client = PrefillClient(self.context, self.poller)
+        self.publisher = KVEventPublisher(self.context, pub, core.agent.name)
+        tokenizer = load_tokenizer(core.config.model_dir)
+        self.worker = DecodeWorker(core, self.client, tokenizer, options)
+
+    def run_once(self) -> None:
+        worker = self.worker
+        timeout = 0 if worker.busy else _REMOTE_POLL_MS if worker.waiting_remote else _IDLE_POLL_MS
+        self.poller.poll(timeout)
+        self.loop.run_calls()
+        for endpoint, msg in self.client.receive():
+            worker.on_reply(endpoint, msg)
+        for sender, data in self.core.agent.notifications():
+            worker.on_notification(sender, data)
+        worker.step()
+        self.core.metrics.observe(self.core.scheduler)
+        events = self.core.kv.pool.events
+        self.publisher.publish(events, self.core.load())
+        events.clear()
+
+    def close(self) -> None:
+        self.client.close()
+        self.publisher.close()
+        self.context.term()
+
+
+def error_body(message: str, status: int, kind: str = "invalid_request_error") -> JSONResponse:
+    """An OpenAI-style error response."""
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}},
+        status_code=status,
+    )
+
+
+def add_decode_routes(server: NodeServer) -> None:
+    app = server.app
+
+    @app.post("/generate")
+    async def generate(body: GenerateBody, http: HttpRequest) -> Response:
+        if not server.ready.is_set():
+            return error_body("the model is still loading", 503, "service_unavailable")
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[dict] = asyncio.Queue()
+        worker: DecodeWorker = server.worker.worker
+        inp = GenerateInput(**body.model_dump())
+        try:
+            await server.call(lambda: worker.add(inp, _sink(loop, queue)))
+        except ValueError as exc:
+            return error_body(str(exc), 400)
+        return StreamingResponse(
+            _records(server, worker, body.request_id, queue), media_type="application/x-ndjson"
+        )
+
+    @app.post("/abort")
+    async def abort(body: AbortBody) -> Response:
+        if not server.ready.is_set():
+            return error_body("the model is still loading", 503, "service_unavailable")
+        worker: DecodeWorker = server.worker.worker
+        found = await server.call(lambda: worker.abort(body.request_id))
+        return JSONResponse({"aborted": found})
+
+
+def _sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
+    def put(record: dict) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, record)
+
+    return put
+
+
+async def _records(
+    server: NodeServer, worker: DecodeWorker, request_id: str, queue: asyncio.Queue
+) -> AsyncIterator[bytes]:
+    """The response body; if the client goes away first, the request is aborted."""
+    finished = False
+    try:
+        while not finished:
+            record = await queue.get()
+            finished = record["finish_reason"] is not None
+            yield (json.dumps(record) + "\n").encode()
+    finally:
+        if not finished:
+            server.loop.call(lambda: worker.abort(request_id))
+
+
+def run(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    identity = NodeIdentity.of(args, "decode")
+    registry = CollectorRegistry()
+    options = DecodeOptions(
+        args.remote_prefill_threshold,
+        args.on_prefill_failure,
+        args.prefill_timeout,
+        args.hold_timeout,
+    )
+    pub = f"tcp://{args.host}:{args.zmq_port}"
+
+    def build(loop: NodeLoop) -> DecodeLoop:
+        config = engine_args_from(args).create_config()
+        core = NodeCore(
+            config,
+            identity,
+            registry,
+            args.remote_prefill_threshold,
+            record_events=config.cache.enable_prefix_caching,
+        )
+        logger.info("decode node: agent %s, KV events on %s", core.agent.name, pub)
+        return DecodeLoop(core, loop, options, pub)
+
+    server = NodeServer(build, registry)
+    add_decode_routes(server)
+    server.serve(args.host, args.http_port, args.log_level)

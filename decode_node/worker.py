@@ -1,0 +1,381 @@
+"""The decode worker: token-level requests in, records out, remote prefill in between.
+
+A request that names a prefill worker is admitted by the scheduler with blocks for its
+whole prompt plus the first decode step (or waits in the queue until they fit); when its
+uncached part reaches the threshold it is sent to that worker, and joins the decode batch
+when the `PrefillDone` notification arrives (after the data). Failure policy: a deadline
+or a failure report moves the request to the next prefill worker once, then prefills it
+here (`recompute`) or fails it (`fail`), counted in `tandem_prefill_fallbacks_total` and
+logged with the request id. Destination blocks of an abandoned attempt stay held until the
+prefill worker confirms that nothing more will land in them (or `hold_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from tandem.decode_node.prefill_client import PrefillClient
+from tandem.engine.detokenizer import IncrementalDetokenizer
+from tandem.engine.kv_transfer import (
+    AbortAck,
+    AbortPrefill,
+    FromPrefill,
+    PrefillDone,
+    PrefillRequest,
+    decode_done,
+    from_wire,
+)
+from tandem.engine.llm_engine import validate_prompt
+from tandem.engine.node_core import NodeCore
+from tandem.engine.request import Request, RequestStatus
+from tandem.engine.sampler import skip_draw
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.scheduler import remote_hold_key
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    remote_prefill_threshold: int = 0
+    on_prefill_failure: str = "recompute"  # or "fail"
+    prefill_timeout_s: float = 30.0
+    hold_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.on_prefill_failure not in ("recompute", "fail"):
+            raise ValueError("on_prefill_failure must be 'recompute' or 'fail'")
+        if self.remote_prefill_threshold < 0 or self.prefill_timeout_s <= 0:
+            raise ValueError("threshold must be >= 0 and the prefill timeout > 0")
+
+
+@dataclass
+class GenerateInput:
+    """What the router sends: token ids, sampling parameters, and the prefill worker."""
+
+    request_id: str
+    token_ids: list[int]
+    sampling: dict[str, Any] = field(default_factory=dict)
+    prefill: str | None = None
+    prefill_alternates: list[str] = field(default_factory=list)
+    cache_salt: str | None = None
+
+
+@dataclass
+class Stream:
+    request: Request
+    sink: Sink
+    detok: IncrementalDetokenizer
+    sampling: dict[str, Any]  # with the effective seed, as sent to prefill workers
+    alternates: list[str]
+    arrival: float
+    tried: list[str] = field(default_factory=list)
+    remote_deadline: float = 0.0
+    admitted: float | None = None
+    last_token: float | None = None
+
+
+class DecodeWorker:
+    """Owns the streams and the holds; runs on the engine thread."""
+
+    def __init__(
+        self,
+        core: NodeCore,
+        client: PrefillClient,
+        tokenizer: PreTrainedTokenizerBase,
+        options: DecodeOptions,
+    ) -> None:
+        self.core = core
+        self.client = client
+        self.tokenizer = tokenizer
+        self.options = options
+        self.streams: dict[str, Stream] = {}
+        self.hold_deadlines: dict[str, float] = {}
+        self._agent_info = core.agent.info()
+
+    # -- requests in ----------------------------------------------------------------------
+
+    def add(self, inp: GenerateInput, sink: Sink) -> None:
+        """Validate and queue; raises ValueError (nothing changed) for a bad request."""
+        if inp.request_id in self.streams:
+            raise ValueError(f"request id {inp.request_id!r} is already in use")
+        try:
+            params = SamplingParams(**inp.sampling)
+        except TypeError as exc:
+            raise ValueError(f"unknown sampling parameter: {exc}") from exc
+        if params.n != 1:
+            raise ValueError("n must be 1 at a decode node (the router fans out)")
+        config = self.core.config
+        validate_prompt(config, inp.token_ids, params)
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        params = dataclasses.replace(params, seed=seed)
+        request = Request(
+            inp.request_id, inp.token_ids, params, config.model.eos_token_ids, inp.cache_salt
+        )
+        request.generator = torch.Generator(config.device).manual_seed(seed)
+        request.prefill_worker = inp.prefill
+        detok = IncrementalDetokenizer(
+            self.tokenizer,
+            inp.token_ids,
+            params.skip_special_tokens,
+            params.stop,
+            params.include_stop_str_in_output,
+        )
+        self.streams[inp.request_id] = Stream(
+            request,
+            sink,
+            detok,
+            dataclasses.asdict(params),
+            [a for a in inp.prefill_alternates if a != inp.prefill],
+            time.monotonic(),
+        )
+        self.core.scheduler.add_request(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Abort wherever the request is; False if it is unknown or already finished."""
+        stream = self.streams.get(request_id)
+        if stream is None:
+            return False
+        self.core.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+        self._finish(stream)
+        return True
+
+    # -- the loop -------------------------------------------------------------------------
+
+    @property
+    def busy(self) -> bool:
+        s = self.core.scheduler
+        return bool(s.running) or (bool(s.waiting) and not s.remote)
+
+    @property
+    def waiting_remote(self) -> bool:
+        return bool(self.core.scheduler.remote) or bool(self.hold_deadlines)
+
+    def step(self) -> None:
+        """Deadlines, then one scheduled step: remote prefills sent, the batch run."""
+        self._check_deadlines()
+        scheduler = self.core.scheduler
+        out = scheduler.schedule()
+        m = self.core.metrics
+        if out.num_local_decisions:
+            m.child(m.disagg_decisions, decision="local").inc(out.num_local_decisions)
+        for request in out.remote_prefills:
+            self._mark_admitted(request)
+            if request.num_remote_attempts == 1:
+                m.child(m.disagg_decisions, decision="remote").inc()
+            self._send_prefill(request)
+        if out.scheduled:
+            for request in out.scheduled:
+                self._mark_admitted(request)
+            result = self.core.runner.execute(out)
+            scheduler.update_from_output(out, result)  # finished ones are seen below
+            for request, token in zip(out.scheduled, result.sampled_token_ids):
+                if token is not None:
+                    self._on_token(self.streams[request.request_id])
+        self._send_aborts()
+
+    def on_notification(self, sender: str, data: bytes) -> None:
+        done = decode_done(data)
+        key = remote_hold_key(done.request_id, done.attempt)
+        stream = self.streams.get(done.request_id)
+        request = stream.request if stream else None
+        if (
+            request is None
+            or request.status != RequestStatus.WAITING_FOR_REMOTE_KV
+            or request.num_remote_attempts != done.attempt
+        ):
+            self._release_hold(key)  # a late attempt: every write of it has landed
+            return
+        self._complete_remote(stream, done)
+
+    def on_reply(self, endpoint: str, msg: FromPrefill) -> None:
+        key = remote_hold_key(msg.request_id, msg.attempt)
+        if isinstance(msg, AbortAck):
+            self._release_hold(key)
+            return
+        stream = self.streams.get(msg.request_id)
+        current = (
+            stream is not None
+            and stream.request.status == RequestStatus.WAITING_FOR_REMOTE_KV
+            and stream.request.num_remote_attempts == msg.attempt
+        )
+        if current:
+            self._fall_back(stream, "error", f"{endpoint} failed it: {msg.reason}")
+        self._release_hold(key)  # a failure report means no write is in flight
+
+    # -- remote prefill -------------------------------------------------------------------
+
+    def _send_prefill(self, request: Request) -> None:
+        stream = self.streams[request.request_id]
+        worker = request.prefill_worker
+        msg = PrefillRequest(
+            request_id=request.request_id,
+            attempt=request.num_remote_attempts,
+            token_ids=request.prompt_token_ids,
+            sampling=stream.sampling,
+            skip_blocks=request.num_remote_skip_blocks,
+            dst_block_ids=self.core.scheduler.remote_destination(request),
+            agent=self._agent_info,
+            deadline_s=self.options.prefill_timeout_s,
+            sent_at=time.time(),
+            cache_salt=request.cache_salt,
+        )
+        stream.tried.append(worker)
+        stream.remote_deadline = time.monotonic() + self.options.prefill_timeout_s
+        if not self.client.send(worker, msg):
+            self._fall_back(stream, "unreachable", f"{worker} is not connected")
+
+    def _complete_remote(self, stream: Stream, done: PrefillDone) -> None:
+        request = stream.request
+        m = self.core.metrics
+        m.child(m.transfer_seconds).observe(done.transfer_s)
+        m.child(m.transfer_bytes).inc(done.num_bytes)
+        m.child(m.transfer_blocks).inc(done.num_blocks)
+        skip_draw(request, self.core.config.model.vocab_size, self.core.config.device)
+        self.core.scheduler.complete_remote_prefill(
+            request.request_id, done.token_id, from_wire(done.logprobs)
+        )
+        self._on_token(stream)
+
+    def _fall_back(self, stream: Stream, reason: str, detail: str) -> None:
+        """Retry on another worker once, then recompute here or fail, per the policy."""
+        request = stream.request
+        m = self.core.metrics
+        m.child(m.prefill_fallbacks, reason=reason).inc()
+        untried = [w for w in stream.alternates if w not in stream.tried]
+        if len(stream.tried) < 2 and untried:
+            nxt, action = untried[0], f"retrying on {untried[0]}"
+        elif self.options.on_prefill_failure == "recompute":
+            nxt, action = None, "prefilling locally"
+        else:
+            logger.warning(
+                "request %s: remote prefill %s (%s); failing it", request.request_id, reason, detail
+            )
+            self.core.scheduler.finish_requests([request.request_id], RequestStatus.FINISHED_ERROR)
+            self._finish(stream, error=f"remote prefill failed ({reason}: {detail})")
+            return
+        logger.warning(
+            "request %s: remote prefill %s (%s); %s", request.request_id, reason, detail, action
+        )
+        self.core.scheduler.retry_remote(request.request_id, nxt)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for request in list(self.core.scheduler.remote.values()):
+            stream = self.streams[request.request_id]
+            if now > stream.remote_deadline:
+                self._fall_back(stream, "timeout", f"no answer from {request.prefill_worker}")
+        for key, deadline in list(self.hold_deadlines.items()):
+            if now > deadline:
+                logger.warning("hold %s: no confirmation from the prefill worker; releasing", key)
+                self._release_hold(key)
+
+    def _send_aborts(self) -> None:
+        """Tell prefill workers about abandoned attempts; their blocks stay held until the
+        answer (or the hold timeout)."""
+        scheduler = self.core.scheduler
+        now = time.monotonic()
+        for hold in scheduler.abandoned_remote:
+            if not self.core.kv.is_held(hold.key):
+                continue  # already released: the worker reported that nothing is in flight
+            self.hold_deadlines[hold.key] = now + self.options.hold_timeout_s
+            if not self.client.send(hold.worker, AbortPrefill(hold.request_id, hold.attempt)):
+                logger.warning("hold %s: cannot reach %s to abort", hold.key, hold.worker)
+        scheduler.abandoned_remote.clear()
+
+    def _release_hold(self, key: str) -> None:
+        self.hold_deadlines.pop(key, None)
+        self.core.kv.release(key)
+
+    # -- output ---------------------------------------------------------------------------
+
+    def _mark_admitted(self, request: Request) -> None:
+        stream = self.streams[request.request_id]
+        if stream.admitted is None:
+            stream.admitted = time.monotonic()
+            m = self.core.metrics
+            m.child(m.queue_time).observe(stream.admitted - stream.arrival)
+
+    def _on_token(self, stream: Stream) -> None:
+        """Record the token just appended; finish on a stop string; stream a record."""
+        request = stream.request
+        token = request.output_token_ids[-1]
+        now = time.monotonic()
+        m = self.core.metrics
+        if stream.last_token is None:
+            m.child(m.ttft).observe(now - stream.arrival)
+        else:
+            m.child(m.itl).observe(now - stream.last_token)
+        stream.last_token = now
+        m.child(m.generation_tokens).inc()
+        stop_token = (
+            request.is_finished
+            and isinstance(request.stop_reason, int)
+            and not request.sampling_params.include_stop_str_in_output
+        )
+        if not stop_token and stream.detok.update([token]) is not None:
+            request.stop_reason = stream.detok.stopped_by
+            if not request.is_finished:
+                self.core.scheduler.finish_requests(
+                    [request.request_id], RequestStatus.FINISHED_STOPPED
+                )
+            else:
+                request.status = RequestStatus.FINISHED_STOPPED
+        if request.is_finished:
+            self._finish(stream, [token])
+        else:
+            stream.sink(self._record(stream, [token]))
+
+    def _finish(self, stream: Stream, tokens: list[int] = (), error: str | None = None) -> None:
+        """Send the final record (with `tokens`, not streamed yet) and forget the stream."""
+        request = stream.request
+        del self.streams[request.request_id]
+        stream.detok.flush()
+        record = self._record(stream, list(tokens), finished=True)
+        if error is not None:
+            record["error"] = error
+        m = self.core.metrics
+        m.child(m.e2e).observe(time.monotonic() - stream.arrival)
+        m.child(m.request_success, finish_reason=record["finish_reason"]).inc()
+        m.child(m.prompt_tokens).inc(request.num_prompt_tokens)
+        stream.sink(record)
+
+    def _record(self, stream: Stream, tokens: list[int], finished: bool = False) -> dict:
+        request = stream.request
+        record: dict[str, Any] = {
+            "request_id": request.request_id,
+            "token_ids": tokens,
+            "text": stream.detok.take_delta(finished),
+            "logprobs": None,
+            "finish_reason": None,
+        }
+        if tokens and request.sampling_params.logprobs is not None and request.output_logprobs:
+            lp = request.output_logprobs[-1]
+            record["logprobs"] = [
+                {
+                    "token_id": lp.token_id,
+                    "logprob": lp.logprob,
+                    "rank": lp.rank,
+                    "top": [[t, v] for t, v in lp.top],
+                }
+            ]
+        if finished:
+            record["finish_reason"] = request.status.finish_reason or "abort"
+            record["stop_reason"] = request.stop_reason
+            record["usage"] = {
+                "prompt_tokens": request.num_prompt_tokens,
+                "completion_tokens": request.num_output_tokens,
+                "cached_tokens": request.num_cached_tokens,
+            }
+        return record

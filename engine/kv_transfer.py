@@ -1,0 +1,281 @@
+"""KV-block transfer between nodes: the messages, descriptor runs, and the NIXL agent.
+
+A prefill node pushes finished KV blocks straight into blocks a decode node reserved: one
+NIXL WRITE descriptor per run of blocks adjacent on both sides (a block holds every layer's
+K and V, so a run is one contiguous region at each end). The decode node's agent metadata
+and KV layout travel inside every prefill request (a few hundred bytes), so a restarted
+prefill node needs no handshake, and an agent name carries a boot id, so a restarted node
+is a new agent that nobody mistakes for the dead one.
+
+Control messages are msgspec structs, msgpack on the wire: `PrefillRequest` and
+`AbortPrefill` go decode -> prefill over ZMQ DEALER/ROUTER; `PrefillFailed` and `AbortAck`
+come back on the same socket; `PrefillDone` is a NIXL notification, sent once every write of
+the request has completed, so it always arrives after the data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import msgspec
+import torch
+
+from tandem.engine.request import TokenLogprobs
+
+logger = logging.getLogger(__name__)
+
+# Remote agents a prefill node keeps loaded; the least recently used is dropped beyond this.
+MAX_REMOTE_AGENTS = 256
+
+
+class KVLayout(msgspec.Struct, frozen=True):
+    """Where a node's block-major KV tensor lives: block `i` is the `block_bytes` bytes at
+    `base_addr + i * block_bytes`."""
+
+    base_addr: int
+    block_bytes: int
+    num_blocks: int
+    device_id: int
+    mem_type: str  # "DRAM" or "VRAM"
+
+
+class AgentInfo(msgspec.Struct, frozen=True):
+    name: str
+    metadata: bytes
+    layout: KVLayout
+
+
+class WireLogprobs(msgspec.Struct, frozen=True):
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]
+
+
+class PrefillRequest(msgspec.Struct, frozen=True, tag="prefill"):
+    """Compute the prompt's KV and write blocks `skip_blocks:` into `dst_block_ids`.
+
+    `sampling` holds `SamplingParams` fields (with the effective seed) for the first token;
+    the prefill node never starts a write later than `deadline_s` after receiving this.
+    """
+
+    request_id: str
+    attempt: int
+    token_ids: list[int]
+    sampling: dict[str, object]
+    skip_blocks: int
+    dst_block_ids: list[int]
+    agent: AgentInfo
+    deadline_s: float
+    sent_at: float  # wall clock: a message older than its deadline is refused
+    cache_salt: str | None = None
+
+
+class AbortPrefill(msgspec.Struct, frozen=True, tag="abort"):
+    request_id: str
+    attempt: int
+
+
+class PrefillDone(msgspec.Struct, frozen=True, tag="done"):
+    """The notification: every block is written, and the first token sampled."""
+
+    request_id: str
+    attempt: int
+    token_id: int
+    logprobs: WireLogprobs | None
+    num_blocks: int
+    num_bytes: int
+    transfer_s: float
+    prefill_s: float
+
+
+class PrefillFailed(msgspec.Struct, frozen=True, tag="failed"):
+    request_id: str
+    attempt: int
+    reason: str
+
+
+class AbortAck(msgspec.Struct, frozen=True, tag="abort_ack"):
+    """No write of this attempt is in flight or will start: its blocks may be reused."""
+
+    request_id: str
+    attempt: int
+
+
+def to_wire(lp: TokenLogprobs | None) -> WireLogprobs | None:
+    if lp is None:
+        return None
+    return WireLogprobs(lp.token_id, lp.logprob, lp.rank, list(lp.top))
+
+
+def from_wire(lp: WireLogprobs | None) -> TokenLogprobs | None:
+    if lp is None:
+        return None
+    return TokenLogprobs(lp.token_id, lp.logprob, lp.rank, tuple((t, v) for t, v in lp.top))
+
+
+ToPrefill = PrefillRequest | AbortPrefill
+FromPrefill = PrefillFailed | AbortAck
+
+_encoder = msgspec.msgpack.Encoder()
+_to_prefill = msgspec.msgpack.Decoder(ToPrefill)
+_from_prefill = msgspec.msgpack.Decoder(FromPrefill)
+_done = msgspec.msgpack.Decoder(PrefillDone)
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_to_prefill(data: bytes) -> ToPrefill:
+    return _to_prefill.decode(data)
+
+
+def decode_from_prefill(data: bytes) -> FromPrefill:
+    return _from_prefill.decode(data)
+
+
+def decode_done(data: bytes) -> PrefillDone:
+    return _done.decode(data)
+
+
+def block_runs(src_ids: list[int], dst_ids: list[int]) -> list[tuple[int, int, int]]:
+    """Maximal runs `(src_start, dst_start, length)` of blocks adjacent on both sides, in
+    order. Raises ValueError when the lists differ in length."""
+    if len(src_ids) != len(dst_ids):
+        raise ValueError(f"{len(src_ids)} source blocks but {len(dst_ids)} destinations")
+    runs: list[tuple[int, int, int]] = []
+    for src, dst in zip(src_ids, dst_ids, strict=True):
+        if runs:
+            s0, d0, n = runs[-1]
+            if src == s0 + n and dst == d0 + n:
+                runs[-1] = (s0, d0, n + 1)
+                continue
+        runs.append((src, dst, 1))
+    return runs
+
+
+def run_descs(
+    layout: KVLayout, runs: list[tuple[int, int, int]], side: int
+) -> list[tuple[int, int, int]]:
+    """NIXL transfer descriptors `(addr, length, device)` for one side of `runs` (side 0:
+    source, 1: destination)."""
+    return [
+        (
+            layout.base_addr + run[side] * layout.block_bytes,
+            run[2] * layout.block_bytes,
+            layout.device_id,
+        )
+        for run in runs
+    ]
+
+
+@dataclass
+class Transfer:
+    """One posted WRITE: a NIXL handle and what it moves."""
+
+    handle: object
+    remote: str
+    num_blocks: int
+    num_bytes: int
+    num_descs: int
+    started: float
+    state: str = "PROC"  # PROC, DONE or ERR
+
+
+def new_agent_name(prefix: str) -> str:
+    """`prefix` plus a boot id: unique to this process, so a restart is a new agent."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+class KVTransferAgent:
+    """A NIXL agent (UCX backend) with the node's KV tensor registered in one region."""
+
+    def __init__(self, name: str, kv_cache: torch.Tensor) -> None:
+        """`kv_cache`: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim],
+        contiguous, on the CPU (DRAM) or a GPU (VRAM)."""
+        from nixl._api import nixl_agent, nixl_agent_config
+
+        if not kv_cache.is_contiguous():
+            raise ValueError("the KV cache must be contiguous to register it with NIXL")
+        self.name = name
+        self._agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        self._registration = self._agent.register_memory(kv_cache)
+        num_blocks = kv_cache.shape[0]
+        self.layout = KVLayout(
+            base_addr=kv_cache.data_ptr(),
+            block_bytes=kv_cache[0].numel() * kv_cache.element_size(),
+            num_blocks=num_blocks,
+            device_id=max(kv_cache.get_device(), 0),
+            mem_type="VRAM" if kv_cache.is_cuda else "DRAM",
+        )
+        self._remotes: OrderedDict[str, KVLayout] = OrderedDict()
+
+    def info(self) -> AgentInfo:
+        return AgentInfo(self.name, self._agent.get_agent_metadata(), self.layout)
+
+    def connect(self, info: AgentInfo) -> None:
+        """Load a remote agent's metadata once; keep at most MAX_REMOTE_AGENTS."""
+        if info.name in self._remotes:
+            self._remotes.move_to_end(info.name)
+            return
+        if info.layout.mem_type != self.layout.mem_type:
+            logger.warning(
+                "agent %s holds its KV in %s, we in %s",
+                info.name,
+                info.layout.mem_type,
+                self.layout.mem_type,
+            )
+        self._agent.add_remote_agent(info.metadata)
+        self._remotes[info.name] = info.layout
+        while len(self._remotes) > MAX_REMOTE_AGENTS:
+            old, _ = self._remotes.popitem(last=False)
+            self._agent.remove_remote_agent(old)
+
+    def remote_layout(self, name: str) -> KVLayout:
+        return self._remotes[name]
+
+    def write_blocks(self, remote: str, src_ids: list[int], dst_ids: list[int]) -> Transfer:
+        """Post one WRITE of our blocks `src_ids` into the remote's `dst_ids`."""
+        runs = block_runs(src_ids, dst_ids)
+        layout = self._remotes[remote]
+        local = self._agent.get_xfer_descs(run_descs(self.layout, runs, 0), self.layout.mem_type)
+        far = self._agent.get_xfer_descs(run_descs(layout, runs, 1), layout.mem_type)
+        handle = self._agent.initialize_xfer("WRITE", local, far, remote)
+        transfer = Transfer(
+            handle,
+            remote,
+            len(src_ids),
+            len(src_ids) * self.layout.block_bytes,
+            len(runs),
+            time.monotonic(),
+        )
+        transfer.state = self._agent.transfer(handle)
+        self._settle(transfer)
+        return transfer
+
+    def poll(self, transfer: Transfer) -> str:
+        """Advance `transfer`'s state (PROC, DONE or ERR); its handle is released once done."""
+        if transfer.state == "PROC":
+            transfer.state = self._agent.check_xfer_state(transfer.handle)
+            self._settle(transfer)
+        return transfer.state
+
+    def _settle(self, transfer: Transfer) -> None:
+        if transfer.state != "PROC":
+            self._agent.release_xfer_handle(transfer.handle)
+
+    def notify(self, remote: str, message: bytes) -> None:
+        self._agent.send_notif(remote, message)
+
+    def notifications(self) -> list[tuple[str, bytes]]:
+        """Notifications received since the last call, as (sender, message)."""
+        return [
+            (sender, message)
+            for sender, messages in self._agent.get_new_notifs().items()
+            for message in messages
+        ]

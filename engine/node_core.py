@@ -1,0 +1,132 @@
+"""What a prefill or decode node's engine thread owns: the model, the KV cache and its
+manager, the scheduler, the NIXL agent and the metrics; plus the command-line flags they
+share and the debug views the tests read (block census, raw blocks by hash)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+from prometheus_client import CollectorRegistry
+
+from tandem.engine.config import EngineConfig
+from tandem.engine.kv_cache_manager import KVCacheManager
+from tandem.engine.kv_events import Load
+from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.engine.llm_engine import EngineArgs
+from tandem.engine.metrics import NodeMetrics
+from tandem.engine.model_runner import ModelRunner
+from tandem.engine.scheduler import Scheduler
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags every node takes: the model, the engine's limits, and where it listens."""
+    parser.add_argument("--model", required=True, help="model folder (config.json, weights)")
+    parser.add_argument("--served-model-name", default=None, help="model label (default: folder)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind")
+    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument("--zmq-port", type=int, required=True)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--log-level", default="info")
+
+
+def engine_args_from(args: argparse.Namespace) -> EngineArgs:
+    return EngineArgs(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """Labels and names: `model` and `role` label metrics; `pod` is the host (the pod name
+    in Kubernetes)."""
+
+    model: str
+    role: str
+    pod: str
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, role: str) -> NodeIdentity:
+        model = args.served_model_name or os.path.basename(os.path.normpath(args.model))
+        pod = os.environ.get("POD_NAME") or f"{socket.gethostname()}:{args.http_port}"
+        return cls(model, role, pod)
+
+
+class NodeCore:
+    """Builds the engine parts; lives on the engine thread."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        identity: NodeIdentity,
+        registry: CollectorRegistry,
+        remote_prefill_threshold: int = 0,
+        record_events: bool = False,
+    ) -> None:
+        self.config = config
+        self.identity = identity
+        self.kv = KVCacheManager(
+            config.cache.block_size,
+            config.cache.num_blocks,
+            config.cache.enable_prefix_caching,
+            record_events=record_events,
+        )
+        self.scheduler = Scheduler(config.scheduler, self.kv, remote_prefill_threshold)
+        self.runner = ModelRunner(config, self.kv.block_ids)
+        prefix = f"{identity.role}-{identity.pod}".replace(":", "-")
+        self.agent = KVTransferAgent(new_agent_name(prefix), self.runner.kv_cache)
+        self.metrics = NodeMetrics(registry, identity.model, identity.role, identity.pod)
+
+    def load(self) -> Load:
+        s = self.scheduler
+        return Load(
+            running=len(s.running),
+            waiting=len(s.waiting) + len(s.remote),
+            free_blocks=self.kv.pool.num_free_blocks,
+            total_blocks=self.kv.num_blocks,
+        )
+
+    def kv_report(self) -> dict[str, object]:
+        """Check every KV invariant (AssertionError if one fails) and return the census."""
+        counts = self.kv.check_integrity()
+        return {
+            "agent": self.agent.name,
+            "free": counts.free,
+            "cached": counts.cached,
+            "in_use": counts.in_use,
+            "total": counts.total,
+            "held": self.kv.num_held_blocks,
+            "holds": self.kv.hold_keys(),
+            "requests": self.scheduler.num_unfinished,
+        }
+
+    def blocks_by_hash(self, hashes: list[int]) -> dict[int, bytes]:
+        """Raw bytes of the cached blocks with these hashes (missing ones left out)."""
+        found = {}
+        for block_hash in hashes:
+            block = self.kv.pool.get_cached_block(block_hash)
+            if block is not None:
+                data = self.runner.kv_cache[block.block_id].contiguous().cpu()
+                found[block_hash] = data.view(-1).view(torch.uint8).numpy().tobytes()
+        return found

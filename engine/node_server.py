@@ -1,0 +1,110 @@
+"""Runs a node: the engine thread (it loads the model, then loops) beside a FastAPI app
+with the routes every node has: `/health`, `/metrics`, and the debug views tests read."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from pydantic import BaseModel
+
+from tandem.engine.node_core import NodeCore
+from tandem.engine.node_loop import NodeLoop
+
+logger = logging.getLogger(__name__)
+
+
+class Worker(Protocol):
+    core: NodeCore
+
+    def run_once(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class BlocksQuery(BaseModel):
+    hashes: list[int]
+
+
+class NodeServer:
+    """Owns the engine thread and the app. `build(loop)` makes the worker on that thread."""
+
+    def __init__(self, build: Callable[[NodeLoop], Worker], registry: CollectorRegistry) -> None:
+        self.build = build
+        self.registry = registry
+        self.loop = NodeLoop()
+        self.worker: Worker | None = None
+        self.ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self.app = FastAPI(lifespan=self._lifespan)
+        self._add_routes()
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the engine thread and await its result."""
+        return await asyncio.wrap_future(self.loop.call(fn))
+
+    def _run(self) -> None:
+        try:
+            self.worker = self.build(self.loop)
+            self.ready.set()
+            logger.info("engine ready")
+            while not self.loop.stopping.is_set():
+                self.worker.run_once()
+        except Exception:
+            logger.exception("the engine thread died; exiting")
+            os._exit(1)
+        finally:
+            if self.worker is not None:
+                self.worker.close()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        self._thread.start()
+        try:
+            yield
+        finally:
+            self.loop.stop()
+            await asyncio.to_thread(self._thread.join, 10)
+
+    def _add_routes(self) -> None:
+        app = self.app
+
+        @app.get("/health")
+        async def health() -> Response:
+            if not self.ready.is_set():
+                return JSONResponse({"status": "loading"}, status_code=503)
+            core = self.worker.core
+            return JSONResponse(
+                {"status": "ok", "role": core.identity.role, "agent": core.agent.name}
+            )
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+        @app.get("/debug/kv")
+        async def debug_kv() -> Response:
+            if not self.ready.is_set():
+                return JSONResponse({"status": "loading"}, status_code=503)
+            return JSONResponse(await self.call(self.worker.core.kv_report))
+
+        @app.post("/debug/blocks")
+        async def debug_blocks(query: BlocksQuery) -> Response:
+            if not self.ready.is_set():
+                return JSONResponse({"status": "loading"}, status_code=503)
+            found = await self.call(lambda: self.worker.core.blocks_by_hash(query.hashes))
+            return JSONResponse({str(h): base64.b64encode(b).decode() for h, b in found.items()})
+
+    def serve(self, host: str, port: int, log_level: str = "info") -> None:
+        config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level)
+        uvicorn.Server(config).run()

@@ -1,0 +1,3 @@
+from tandem.prefill_node.cli import main
+
+main()

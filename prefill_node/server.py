@@ -1,0 +1,95 @@
+"""The prefill node process: a ZMQ ROUTER for prefill requests and aborts, the engine loop,
+and the HTTP app (`/health`, `/metrics`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import msgspec
+import torch
+import zmq
+from prometheus_client import CollectorRegistry
+
+from tandem.engine.kv_transfer import AbortPrefill, decode_to_prefill, encode
+from tandem.engine.node_core import NodeCore, NodeIdentity, engine_args_from
+from tandem.engine.node_loop import NodeLoop
+from tandem.engine.node_server import NodeServer
+from tandem.prefill_node.worker import PrefillWorker
+
+logger = logging.getLogger(__name__)
+
+# Poll timeouts (ms): while writes are in flight, and when there is nothing to do.
+_TRANSFER_POLL_MS = 1
+_IDLE_POLL_MS = 100
+
+
+class PrefillLoop:
+    """One iteration: wait for input, run queued calls, read messages, step, poll writes."""
+
+    def __init__(self, core: NodeCore, loop: NodeLoop, endpoint: str) -> None:
+        self.core = core
+        self.loop = loop
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(endpoint)
+        self.poller = zmq.Poller()
+        self.poller.register(self.socket, zmq.POLLIN)
+        self.poller.register(loop.wake_fd, zmq.POLLIN)
+        self.worker = PrefillWorker(core, self._reply)
+
+    def run_once(self) -> None:
+        worker = self.worker
+        timeout = 0 if worker.busy else _TRANSFER_POLL_MS if worker.jobs else _IDLE_POLL_MS
+        self.poller.poll(timeout)
+        self.loop.run_calls()
+        self._read_messages()
+        worker.step()
+        worker.poll()
+        self.core.metrics.observe(self.core.scheduler)
+
+    def _read_messages(self) -> None:
+        while True:
+            try:
+                peer, data = self.socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except ValueError:
+                continue  # not [identity, payload]: not ours
+            try:
+                msg = decode_to_prefill(data)
+            except msgspec.DecodeError as exc:
+                logger.warning("undecodable message from %r: %s", peer, exc)
+                continue
+            if isinstance(msg, AbortPrefill):
+                self.worker.abort(peer, msg)
+            else:
+                self.worker.submit(peer, msg)
+
+    def _reply(self, peer: bytes, msg: msgspec.Struct) -> None:
+        try:
+            self.socket.send_multipart([peer, encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            logger.warning("could not answer %r: %s", peer, exc)
+
+    def close(self) -> None:
+        self.socket.close(0)
+        self.context.term()
+
+
+def run(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    identity = NodeIdentity.of(args, "prefill")
+    registry = CollectorRegistry()
+    endpoint = f"tcp://{args.host}:{args.zmq_port}"
+
+    def build(loop: NodeLoop) -> PrefillLoop:
+        config = engine_args_from(args).create_config()
+        core = NodeCore(config, identity, registry)
+        logger.info("prefill node: agent %s, ZMQ %s", core.agent.name, endpoint)
+        return PrefillLoop(core, loop, endpoint)
+
+    NodeServer(build, registry).serve(args.host, args.http_port, args.log_level)

@@ -1,0 +1,271 @@
+"""The prefill worker: prompt-only continuous batches whose finished blocks are pushed,
+chunk by chunk, into the blocks the decode node reserved.
+
+Per request (a "job", keyed `request_id@attempt`): after every step the blocks completed so
+far are written with one NIXL WRITE (one descriptor per run of adjacent blocks), under a
+hold so the source blocks cannot be reused while the write is in flight. When the last
+chunk is done the first token is sampled; once every write has completed, a `PrefillDone`
+notification carries it to the decode node. An abort, a failed write or a passed deadline
+end the job; the decode node hears of it (`AbortAck`, `PrefillFailed`) only when no write of
+the job is in flight any more, so it may then reuse its blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import torch
+
+from tandem.engine.kv_transfer import (
+    AbortAck,
+    AbortPrefill,
+    PrefillDone,
+    PrefillFailed,
+    PrefillRequest,
+    Transfer,
+    encode,
+    to_wire,
+)
+from tandem.engine.node_core import NodeCore
+from tandem.engine.request import Request, RequestStatus
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.scheduler import remote_hold_key
+
+logger = logging.getLogger(__name__)
+
+Reply = Callable[[bytes, msgspec.Struct], None]
+
+
+@dataclass
+class Job:
+    msg: PrefillRequest
+    peer: bytes  # the ZMQ identity to answer
+    request: Request
+    deadline: float  # monotonic; no write starts after it
+    received: float
+    num_posted: int  # prompt blocks posted so far (starts at skip_blocks)
+    transfers: list[tuple[Transfer, str]] = field(default_factory=list)  # (write, hold key)
+    done: PrefillDone | None = None
+    ended: str | None = None  # "abort" or a failure reason
+    first_write: float | None = None
+    scheduled: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.request.request_id
+
+
+class PrefillWorker:
+    """Owns the jobs; `reply` sends a control message to a decode node's ZMQ identity."""
+
+    def __init__(self, core: NodeCore, reply: Reply) -> None:
+        self.core = core
+        self.reply = reply
+        self.jobs: dict[str, Job] = {}
+        self._xfers = 0
+
+    # -- messages -------------------------------------------------------------------------
+
+    def submit(self, peer: bytes, msg: PrefillRequest) -> None:
+        key = remote_hold_key(msg.request_id, msg.attempt)
+        try:
+            request = self._make_request(key, msg)
+        except ValueError as exc:
+            logger.warning("prefill %s refused: %s", key, exc)
+            self.reply(peer, PrefillFailed(msg.request_id, msg.attempt, f"invalid: {exc}"))
+            return
+        now = time.monotonic()
+        self.jobs[key] = Job(msg, peer, request, now + msg.deadline_s, now, msg.skip_blocks)
+        self.core.scheduler.add_request(request)
+
+    def abort(self, peer: bytes, msg: AbortPrefill) -> None:
+        job = self.jobs.get(remote_hold_key(msg.request_id, msg.attempt))
+        if job is None:
+            self.reply(peer, AbortAck(msg.request_id, msg.attempt))
+            return
+        self._end(job, "abort")
+
+    def _make_request(self, key: str, msg: PrefillRequest) -> Request:
+        """Validate the message against our model and the decode node's layout."""
+        if key in self.jobs:
+            raise ValueError(f"{key} is already being prefilled")
+        if time.time() - msg.sent_at > msg.deadline_s:
+            raise ValueError("expired before it arrived")
+        core = self.core
+        params = SamplingParams(**{**msg.sampling, "n": 1, "max_tokens": 1, "stop": None})
+        core.agent.connect(msg.agent)
+        remote = core.agent.remote_layout(msg.agent.name)
+        if remote.block_bytes != core.agent.layout.block_bytes:
+            raise ValueError(
+                f"KV block size mismatch: {remote.block_bytes} bytes there, "
+                f"{core.agent.layout.block_bytes} here (another model or block size?)"
+            )
+        num_tokens = len(msg.token_ids)
+        max_len = core.config.scheduler.max_model_len
+        vocab = core.config.model.vocab_size
+        if not 0 < num_tokens <= max_len:
+            raise ValueError(f"prompt of {num_tokens} tokens (max_model_len {max_len})")
+        if min(msg.token_ids) < 0 or max(msg.token_ids) >= vocab:
+            raise ValueError(f"token ids must be in [0, {vocab})")
+        num_blocks = core.kv.num_blocks_needed(num_tokens)
+        if not 0 <= msg.skip_blocks < num_blocks:
+            raise ValueError(f"skip_blocks {msg.skip_blocks} for {num_blocks} prompt blocks")
+        if len(msg.dst_block_ids) != num_blocks - msg.skip_blocks:
+            raise ValueError(
+                f"{len(msg.dst_block_ids)} destination blocks, expected "
+                f"{num_blocks - msg.skip_blocks}"
+            )
+        if not all(0 <= b < remote.num_blocks for b in msg.dst_block_ids):
+            raise ValueError("destination block id out of range")
+        if num_blocks > core.kv.num_blocks:
+            raise ValueError(f"the prompt needs {num_blocks} blocks, we have {core.kv.num_blocks}")
+        request = Request(
+            key, msg.token_ids, params, core.config.model.eos_token_ids, msg.cache_salt
+        )
+        seed = params.seed if params.seed is not None else secrets.randbits(63)
+        request.generator = torch.Generator(core.config.device).manual_seed(seed)
+        return request
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Expire late jobs, run one batch, post the writes it made possible."""
+        self._expire()
+        scheduler = self.core.scheduler
+        out = scheduler.schedule()
+        if out.is_empty:
+            return
+        for request in out.scheduled:
+            job = self.jobs[request.request_id]
+            if not job.scheduled:
+                job.scheduled = True
+                m = self.core.metrics
+                m.child(m.queue_time).observe(time.monotonic() - job.received)
+        result = self.core.runner.execute(out)
+        for request, n in zip(out.scheduled, out.num_scheduled_tokens):
+            self._post_ready(self.jobs[request.request_id], request.num_computed_tokens + n)
+        for request in scheduler.update_from_output(out, result):
+            job = self.jobs[request.request_id]
+            if job.ended is None:
+                job.done = self._done_message(job)
+
+    def poll(self) -> None:
+        """Advance in-flight writes; settle every job with none left."""
+        for job in list(self.jobs.values()):
+            for transfer, hold in list(job.transfers):
+                state = self.core.agent.poll(transfer)
+                if state == "PROC":
+                    continue
+                job.transfers.remove((transfer, hold))
+                self.core.kv.release(hold)
+                self._account(transfer, job)
+            if not job.transfers:
+                self._settle(job)
+
+    @property
+    def busy(self) -> bool:
+        return self.core.scheduler.has_unfinished_requests()
+
+    @property
+    def waiting_on_transfers(self) -> bool:
+        return any(job.transfers for job in self.jobs.values())
+
+    def _post_ready(self, job: Job, num_computed: int) -> None:
+        """Write the blocks the request has completed and not yet posted."""
+        if job.ended is not None:
+            return
+        kv = self.core.kv
+        num_tokens = job.request.num_prompt_tokens
+        ready = (
+            kv.num_blocks_needed(num_tokens)
+            if num_computed >= num_tokens
+            else (num_computed // kv.block_size)
+        )
+        if ready <= job.num_posted:
+            return
+        if time.monotonic() > job.deadline:
+            self._end(job, "deadline")
+            return
+        start, skip = job.num_posted, job.msg.skip_blocks
+        src = kv.block_ids(job.key)[start:ready]
+        dst = job.msg.dst_block_ids[start - skip : ready - skip]
+        self._xfers += 1
+        hold = f"{job.key}#w{self._xfers}"
+        kv.hold(hold, job.key, start, ready)
+        try:
+            transfer = self.core.agent.write_blocks(job.msg.agent.name, src, dst)
+        except Exception as exc:  # NIXL raises when the remote agent is unreachable
+            kv.release(hold)
+            logger.warning("prefill %s: write failed: %s", job.key, exc)
+            self.core.metrics.child(self.core.metrics.transfer_failures, reason="post").inc()
+            self._end(job, "transfer")
+            return
+        job.first_write = job.first_write or transfer.started
+        job.num_posted = ready
+        job.transfers.append((transfer, hold))
+
+    def _account(self, transfer: Transfer, job: Job) -> None:
+        m = self.core.metrics
+        if transfer.state == "DONE":
+            m.child(m.transfer_seconds).observe(time.monotonic() - transfer.started)
+            m.child(m.transfer_bytes).inc(transfer.num_bytes)
+            m.child(m.transfer_blocks).inc(transfer.num_blocks)
+            return
+        logger.warning("prefill %s: a write of %d blocks failed", job.key, transfer.num_blocks)
+        m.child(m.transfer_failures, reason="write").inc()
+        if job.ended is None:
+            self._end(job, "transfer")
+
+    def _end(self, job: Job, reason: str) -> None:
+        """Stop a job: its request leaves the batch now; the decode node hears once no write
+        is in flight (see `_settle`)."""
+        if job.ended is None:
+            job.ended = reason
+            job.done = None
+            self.core.scheduler.finish_requests([job.key], RequestStatus.FINISHED_ABORTED)
+
+    def _settle(self, job: Job) -> None:
+        msg = job.msg
+        if job.ended == "abort":
+            self.reply(job.peer, AbortAck(msg.request_id, msg.attempt))
+        elif job.ended is not None:
+            self.reply(job.peer, PrefillFailed(msg.request_id, msg.attempt, job.ended))
+        elif job.done is not None:
+            done = msgspec.structs.replace(
+                job.done, transfer_s=time.monotonic() - (job.first_write or time.monotonic())
+            )
+            try:
+                self.core.agent.notify(msg.agent.name, encode(done))
+            except Exception as exc:
+                logger.warning("prefill %s: notification failed: %s", job.key, exc)
+        else:
+            return  # still computing
+        del self.jobs[job.key]
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for job in list(self.jobs.values()):
+            if job.ended is None and job.done is None and now > job.deadline:
+                logger.warning("prefill %s: deadline passed before the prompt was done", job.key)
+                self._end(job, "deadline")
+
+    def _done_message(self, job: Job) -> PrefillDone:
+        request = job.request
+        self.core.metrics.child(self.core.metrics.prompt_tokens).inc(request.num_prompt_tokens)
+        lp = request.output_logprobs[0] if request.output_logprobs else None
+        num_blocks = len(job.msg.dst_block_ids)
+        return PrefillDone(
+            request_id=job.msg.request_id,
+            attempt=job.msg.attempt,
+            token_id=request.output_token_ids[0],
+            logprobs=to_wire(lp),
+            num_blocks=num_blocks,
+            num_bytes=num_blocks * self.core.agent.layout.block_bytes,
+            transfer_s=0.0,
+            prefill_s=time.monotonic() - job.received,
+        )
