@@ -27,7 +27,7 @@ from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import NodeCore, NodeIdentity, engine_args_from
 from tandem.engine.node_loop import NodeLoop
-from tandem.engine.node_server import NodeServer
+from tandem.engine.node_server import NodeServer, error_body
 from tandem.engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -83,14 +83,6 @@ class DecodeLoop:
         self.client.close()
         self.publisher.close()
         self.context.term()
-
-
-def error_body(message: str, status: int, kind: str = "invalid_request_error") -> JSONResponse:
-    """An OpenAI-style error response."""
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": None, "code": status}},
-        status_code=status,
-    )
 
 
 def add_decode_routes(server: NodeServer) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
@@ -22,6 +23,14 @@ from tandem.engine.node_core import NodeCore
 from tandem.engine.node_loop import NodeLoop
 
 logger = logging.getLogger(__name__)
+
+
+def error_body(message: str, status: int, kind: str = "invalid_request_error") -> JSONResponse:
+    """An OpenAI-style error response."""
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}},
+        status_code=status,
+    )
 
 
 class Worker(Protocol):
@@ -78,6 +87,13 @@ class NodeServer:
 
     def _add_routes(self) -> None:
         app = self.app
+
+        @app.exception_handler(RequestValidationError)
+        async def invalid(_request, exc: RequestValidationError) -> Response:
+            detail = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            return error_body(detail, 400)
 
         @app.get("/health")
         async def health() -> Response:

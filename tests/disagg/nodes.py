@@ -1,0 +1,161 @@
+"""Test helpers: real prefill and decode node processes on 127.0.0.1, and a client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Node:
+    """One node process; `start()` returns at once, `wait_ready()` waits for /health."""
+
+    def __init__(self, role: str, model: Path, log_dir: Path, *extra: str) -> None:
+        self.role = role
+        self.model = model
+        self.log_dir = log_dir
+        self.extra = extra
+        self.http_port, self.zmq_port = free_port(), free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.zmq_port}"
+
+    def start(self) -> Node:
+        cmd = [
+            sys.executable, "-P", "-m", f"tandem.{self.role}_node",
+            "--model", str(self.model),
+            "--http-port", str(self.http_port), "--zmq-port", str(self.zmq_port),
+            "--threads", "1", "--log-level", "warning", *self.extra,
+        ]  # fmt: skip
+        log = open(self.log_dir / f"{self.role}-{self.http_port}.log", "ab")  # noqa: SIM115
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 90) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.role} node exited with {self.proc.returncode}")
+            try:
+                r = httpx.get(f"{self.url}/health", timeout=2)
+                if r.status_code == 200:
+                    return r.json()
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"{self.role} node not ready in {timeout}s")
+
+    def kv(self) -> dict:
+        return httpx.get(f"{self.url}/debug/kv", timeout=10).json()
+
+    def metrics(self) -> str:
+        return httpx.get(f"{self.url}/metrics", timeout=10).text
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def start_all(*nodes: Node) -> None:
+    for node in nodes:
+        node.start()
+    for node in nodes:
+        node.wait_ready()
+
+
+def generate(
+    decode: Node,
+    request_id: str,
+    token_ids: list[int],
+    sampling: dict,
+    prefill: Node | None = None,
+    alternates: tuple[Node, ...] = (),
+    timeout: float = 60,
+) -> tuple[list[int], str, dict]:
+    """Stream one request; returns (token ids, text, final record)."""
+    body = {
+        "request_id": request_id,
+        "token_ids": token_ids,
+        "sampling": sampling,
+        "prefill": prefill.endpoint if prefill else None,
+        "prefill_alternates": [n.endpoint for n in alternates],
+    }
+    tokens, text, last = [], "", {}
+    with httpx.stream("POST", f"{decode.url}/generate", json=body, timeout=timeout) as r:
+        if r.status_code != 200:
+            r.read()
+            return [], "", {"status": r.status_code, **r.json()}
+        for line in r.iter_lines():
+            last = json.loads(line)
+            tokens += last["token_ids"]
+            text += last["text"]
+    return tokens, text, last
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels` (0 when absent)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def wait_until(predicate, timeout: float = 20, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def assert_clean(*nodes: Node) -> None:
+    """Every invariant holds (the node checks), nothing in use, held or pending."""
+    for node in nodes:
+        wait_until(lambda n=node: n.kv()["in_use"] == 0 and n.kv()["requests"] == 0)
+        report = node.kv()
+        assert report["in_use"] == 0 and report["held"] == 0, (node.role, report)
+        assert report["requests"] == 0, (node.role, report)
+        assert report["free"] + report["cached"] == report["total"], (node.role, report)
