@@ -75,7 +75,7 @@ def test_concurrent_disaggregated_generation_matches_offline(cluster, llm):
 def test_received_blocks_equal_the_prefill_blocks_bit_for_bit(cluster):
     d, p1 = cluster["d"], cluster["p1"]
     prompt = [random.Random(7).randrange(5, 500) for _ in range(70)]  # 4 full blocks
-    tokens, _, last = generate(d, "bits", prompt, {"max_tokens": 2, "temperature": 0}, p1)
+    _, _, last = generate(d, "bits", prompt, {"max_tokens": 2, "temperature": 0}, p1)
     assert last["finish_reason"] == "length"
     hashes = hash_blocks(prompt, 16)
     assert len(hashes) == 4
