@@ -84,6 +84,8 @@ class Stream:
     remote_deadline: float = 0.0
     admitted: float | None = None
     last_token: float | None = None
+    sent: float = 0.0  # when the current remote attempt was sent
+    timings: dict[str, float] | None = None  # remote prefill breakdown, on the first record
 
 
 class DecodeWorker:
@@ -232,7 +234,8 @@ class DecodeWorker:
             cache_salt=request.cache_salt,
         )
         stream.tried.append(worker)
-        stream.remote_deadline = time.monotonic() + self.options.prefill_timeout_s
+        stream.sent = time.monotonic()
+        stream.remote_deadline = stream.sent + self.options.prefill_timeout_s
         if not self.client.send(worker, msg):
             self._fall_back(stream, "unreachable", f"{worker} is not connected")
 
@@ -242,6 +245,13 @@ class DecodeWorker:
         m.child(m.transfer_seconds).observe(done.transfer_s)
         m.child(m.transfer_bytes).inc(done.num_bytes)
         m.child(m.transfer_blocks).inc(done.num_blocks)
+        now = time.monotonic()
+        stream.timings = {
+            "queue_s": (stream.admitted or now) - stream.arrival,
+            "remote_s": now - stream.sent,  # sent -> notification, on our clock
+            "prefill_s": done.prefill_s,  # received -> first token, on the worker's clock
+            "transfer_s": done.transfer_s,  # first write posted -> last write done
+        }
         skip_draw(request, self.core.config.model.vocab_size, self.core.config.device)
         self.core.scheduler.complete_remote_prefill(
             request.request_id, done.token_id, from_wire(done.logprobs)
@@ -370,6 +380,8 @@ class DecodeWorker:
                     "top": [[t, v] for t, v in lp.top],
                 }
             ]
+        if stream.timings is not None:
+            record["timings"], stream.timings = stream.timings, None
         if finished:
             record["finish_reason"] = request.status.finish_reason or "abort"
             record["stop_reason"] = request.stop_reason

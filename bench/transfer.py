@@ -1,0 +1,169 @@
+"""KV transfer benchmark.
+
+1. NIXL WRITE throughput between two processes (UCX, host memory here, GPU memory where
+   there is one) for runs of 1 to 512 adjacent blocks, against a plain in-process copy of
+   the same bytes (`dst[ids] = src[ids]` on the same device).
+2. Time to first token of one disaggregated request through real prefill and decode node
+   processes, broken into queue, remote prefill, transfer and the first decode step.
+
+    python -P bench/transfer.py [--block-kib 2048] [--skip-ttft]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.disagg.nodes
+
+from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
+from tests.disagg.nodes import Node, start_all
+
+RUNS = (1, 4, 16, 64, 128, 512)
+
+
+def _target(conn, num_blocks: int, block_bytes: int, device: str) -> None:
+    torch.set_num_threads(1)
+    cache = torch.zeros(num_blocks, block_bytes, dtype=torch.uint8, device=device)
+    agent = KVTransferAgent(new_agent_name("bench-decode"), cache)
+    conn.send(agent.info())
+    conn.recv()  # until the writer is done
+
+
+def _time(fn, repeat: int) -> float:
+    fn()  # warm-up
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def bench_throughput(block_bytes: int, device: str, repeat: int) -> list[tuple]:
+    num_blocks = max(RUNS)
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    proc = ctx.Process(target=_target, args=(there, num_blocks, block_bytes, device))
+    proc.start()
+    info = here.recv()
+    src = torch.randint(0, 255, (num_blocks, block_bytes), dtype=torch.uint8, device=device)
+    agent = KVTransferAgent(new_agent_name("bench-prefill"), src)
+    agent.connect(info)
+    local = torch.zeros_like(src)
+    rows = []
+    for n in RUNS:
+        ids = list(range(n))
+
+        def write(ids=ids) -> None:
+            t = agent.write_blocks(info.name, ids, ids)
+            while agent.poll(t) == "PROC":
+                pass
+            assert t.state == "DONE", t.state
+
+        def copy(n=n) -> None:
+            local[:n].copy_(src[:n])
+            if device == "cuda":
+                torch.cuda.synchronize()
+
+        nixl_s, copy_s = _time(write, repeat), _time(copy, repeat)
+        gb = n * block_bytes / 1e9
+        rows.append((n, n * block_bytes, nixl_s, gb / nixl_s, gb / copy_s, copy_s / nixl_s))
+    here.send("done")
+    proc.join(10)
+    return rows
+
+
+def bench_ttft(model: Path, repeat: int) -> list[dict]:
+    logs = Path(tempfile.mkdtemp())
+    p = Node("prefill", model, logs)
+    d = Node("decode", model, logs)
+    start_all(p, d)
+    client = httpx.Client(timeout=60)  # made once: a new client costs tens of ms (TLS setup)
+    try:
+        rows = []
+        for i in range(repeat + 1):
+            prompt = [(i * 7919 + j) % 500 + 5 for j in range(512)]
+            start = time.perf_counter()
+            first = second = None
+            body = {
+                "request_id": f"ttft-{i}",
+                "token_ids": prompt,
+                "prefill": p.endpoint,
+                "sampling": {"max_tokens": 2, "temperature": 0, "ignore_eos": True},
+            }
+            with client.stream("POST", f"{d.url}/generate", json=body) as r:
+                for line in r.iter_lines():
+                    if first is None:
+                        first, timings = time.perf_counter() - start, line
+                    else:
+                        second = time.perf_counter() - start
+            t = json.loads(timings)["timings"]
+            if i:  # the first request warms both nodes up
+                rows.append({"ttft_s": first, "first_decode_s": second - first, **t})
+        return rows
+    finally:
+        client.close()
+        p.stop()
+        d.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--block-kib",
+        type=int,
+        default=2048,
+        help="bytes per block (2048 KiB: Llama-3-8B in bf16, 16 tokens)",
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--skip-ttft", action="store_true")
+    parser.add_argument("--model", type=Path, default=None, help="default: a new small model")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    print(f"command: python {' '.join(sys.argv)}")
+    print(
+        f"machine: {platform.node()} {platform.machine()} {torch.get_num_interop_threads()} "
+        f"interop threads, device {args.device}, torch {torch.__version__}"
+    )
+    block_bytes = args.block_kib * 1024
+    print(f"\nNIXL WRITE between two processes vs in-process copy, {args.block_kib} KiB blocks")
+    print("| blocks | bytes | NIXL ms | NIXL GB/s | copy GB/s | NIXL/copy |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for n, size, nixl_s, nixl_bw, copy_bw, ratio in bench_throughput(
+        block_bytes, args.device, args.repeat
+    ):
+        print(
+            f"| {n} | {size >> 20} MiB | {nixl_s * 1e3:.2f} | {nixl_bw:.2f} | {copy_bw:.2f} "
+            f"| {ratio:.0%} |"
+        )
+    if args.skip_ttft:
+        return
+    model = args.model
+    if model is None:
+        from tandem.engine.tiny_model import make_model
+
+        model = make_model(Path(tempfile.mkdtemp()) / "small", size="small")
+    rows = bench_ttft(model, args.repeat)
+    print(f"\nTTFT of one disaggregated 512-token request ({model.name}), median of {len(rows)}")
+    keys = ["ttft_s", "queue_s", "remote_s", "prefill_s", "transfer_s", "first_decode_s"]
+    print("| " + " | ".join(k.removesuffix("_s") + " ms" for k in keys) + " |")
+    print("|" + "---:|" * len(keys))
+    print(
+        "| " + " | ".join(f"{statistics.median(r[k] for r in rows) * 1e3:.1f}" for k in keys) + " |"
+    )
+
+
+if __name__ == "__main__":
+    main()
