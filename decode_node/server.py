@@ -15,7 +15,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import torch
 import zmq
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -25,7 +24,7 @@ from pydantic import BaseModel, Field
 from tandem.decode_node.prefill_client import PrefillClient
 from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
 from tandem.engine.kv_events import KVEventPublisher
-from tandem.engine.node_core import NodeCore, NodeIdentity, engine_args_from
+from tandem.engine.node_core import NodeCore, NodeIdentity, configure_process, engine_args_from
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.node_server import NodeServer, error_body
 from tandem.engine.tokenizer import load_tokenizer
@@ -136,9 +135,7 @@ async def _records(
 
 
 def run(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    configure_process(args)
     identity = NodeIdentity.of(args, "decode")
     registry = CollectorRegistry()
     options = DecodeOptions(

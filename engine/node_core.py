@@ -5,6 +5,7 @@ share and the debug views the tests read (block census, raw blocks by hash)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -40,6 +41,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--log-level", default="info")
+
+
+def configure_process(args: argparse.Namespace) -> None:
+    """Logging and torch threads for a node process, from its flags."""
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:

@@ -7,12 +7,11 @@ import argparse
 import logging
 
 import msgspec
-import torch
 import zmq
 from prometheus_client import CollectorRegistry
 
 from tandem.engine.kv_transfer import AbortPrefill, decode_to_prefill, encode
-from tandem.engine.node_core import NodeCore, NodeIdentity, engine_args_from
+from tandem.engine.node_core import NodeCore, NodeIdentity, configure_process, engine_args_from
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.node_server import NodeServer
 from tandem.prefill_node.worker import PrefillWorker
@@ -79,9 +78,7 @@ class PrefillLoop:
 
 
 def run(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    configure_process(args)
     identity = NodeIdentity.of(args, "prefill")
     registry = CollectorRegistry()
     endpoint = f"tcp://{args.host}:{args.zmq_port}"
