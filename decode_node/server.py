@@ -89,8 +89,8 @@ def add_decode_routes(server: NodeServer) -> None:
 
     @app.post("/generate")
     async def generate(body: GenerateBody, http: HttpRequest) -> Response:
-        if not server.ready.is_set():
-            return error_body("the model is still loading", 503, "service_unavailable")
+        if (busy := server.not_ready()) is not None:
+            return busy
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict] = asyncio.Queue()
         worker: DecodeWorker = server.worker.worker
@@ -105,8 +105,8 @@ def add_decode_routes(server: NodeServer) -> None:
 
     @app.post("/abort")
     async def abort(body: AbortBody) -> Response:
-        if not server.ready.is_set():
-            return error_body("the model is still loading", 503, "service_unavailable")
+        if (busy := server.not_ready()) is not None:
+            return busy
         worker: DecodeWorker = server.worker.worker
         found = await server.call(lambda: worker.abort(body.request_id))
         return JSONResponse({"aborted": found})

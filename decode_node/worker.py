@@ -329,12 +329,7 @@ class DecodeWorker:
             m.child(m.itl).observe(now - stream.last_token)
         stream.last_token = now
         m.child(m.generation_tokens).inc()
-        stop_token = (
-            request.is_finished
-            and isinstance(request.stop_reason, int)
-            and not request.sampling_params.include_stop_str_in_output
-        )
-        if not stop_token and stream.detok.update([token]) is not None:
+        if not request.ends_on_stop_token and stream.detok.update([token]) is not None:
             request.stop_reason = stream.detok.stopped_by
             if not request.is_finished:
                 self.core.scheduler.finish_requests(

@@ -123,15 +123,14 @@ class KVCacheManager:
         self._num_cached_blocks.pop(request.request_id, None)
         self.pool.free_blocks(reversed(blocks))
 
-    def hold(self, key: str, request_id: str, start: int = 0, end: int | None = None) -> list[int]:
+    def hold(self, key: str, request_id: str, start: int = 0, end: int | None = None) -> None:
         """Take an extra reference, under `key`, on the request's blocks `start:end`: they
-        outlive the request until `release(key)`. Returns their ids."""
+        outlive the request until `release(key)`."""
         if key in self._holds:
             raise ValueError(f"hold {key!r} already exists")
         blocks = self._req_blocks.get(request_id, [])[start:end]
         self.pool.touch(blocks)
         self._holds[key] = blocks
-        return [b.block_id for b in blocks]
 
     def release(self, key: str) -> bool:
         """Drop the hold `key`; False if there is none."""

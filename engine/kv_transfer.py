@@ -179,7 +179,6 @@ class Transfer:
     """One posted WRITE: a NIXL handle and what it moves."""
 
     handle: object
-    remote: str
     num_blocks: int
     num_bytes: int
     num_descs: int
@@ -248,7 +247,6 @@ class KVTransferAgent:
         handle = self._agent.initialize_xfer("WRITE", local, far, remote)
         transfer = Transfer(
             handle,
-            remote,
             len(src_ids),
             len(src_ids) * self.layout.block_bytes,
             len(runs),

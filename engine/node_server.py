@@ -58,6 +58,12 @@ class NodeServer:
         self.app = FastAPI(lifespan=self._lifespan)
         self._add_routes()
 
+    def not_ready(self) -> Response | None:
+        """The 503 to answer while the model is loading, or None once it is ready."""
+        if self.ready.is_set():
+            return None
+        return error_body("the model is still loading", 503, "service_unavailable")
+
     async def call(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` on the engine thread and await its result."""
         return await asyncio.wrap_future(self.loop.call(fn))
@@ -110,14 +116,14 @@ class NodeServer:
 
         @app.get("/debug/kv")
         async def debug_kv() -> Response:
-            if not self.ready.is_set():
-                return JSONResponse({"status": "loading"}, status_code=503)
+            if (busy := self.not_ready()) is not None:
+                return busy
             return JSONResponse(await self.call(self.worker.core.kv_report))
 
         @app.post("/debug/blocks")
         async def debug_blocks(query: BlocksQuery) -> Response:
-            if not self.ready.is_set():
-                return JSONResponse({"status": "loading"}, status_code=503)
+            if (busy := self.not_ready()) is not None:
+                return busy
             found = await self.call(lambda: self.worker.core.blocks_by_hash(query.hashes))
             return JSONResponse({str(h): base64.b64encode(b).decode() for h, b in found.items()})
 

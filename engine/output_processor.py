@@ -61,7 +61,7 @@ class OutputProcessor:
         hits = []
         for request in requests:
             detok = self._detoks.get(request.request_id)
-            if detok is None or _ends_on_stop_token(request):
+            if detok is None or request.ends_on_stop_token:
                 continue
             if detok.update(request.output_token_ids[-1:]) is not None:
                 request.stop_reason = detok.stopped_by
@@ -105,15 +105,8 @@ class OutputProcessor:
         if self.tokenizer is None:
             return ""
         ids = request.output_token_ids
-        if _ends_on_stop_token(request):
+        if request.ends_on_stop_token:
             ids = ids[:-1]
         return self.tokenizer.decode(
             ids, skip_special_tokens=request.sampling_params.skip_special_tokens
         )
-
-
-def _ends_on_stop_token(request: Request) -> bool:
-    return (
-        isinstance(request.stop_reason, int)
-        and not request.sampling_params.include_stop_str_in_output
-    )

@@ -107,6 +107,14 @@ class Request:
     def is_finished(self) -> bool:
         return self.status.is_finished
 
+    @property
+    def ends_on_stop_token(self) -> bool:
+        """The last token is the stop token that finished the request, and is not text."""
+        return (
+            isinstance(self.stop_reason, int)
+            and not self.sampling_params.include_stop_str_in_output
+        )
+
     def append_output_token(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)

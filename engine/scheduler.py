@@ -172,10 +172,7 @@ class Scheduler:
         if self.kv.allocate_slots(request, num_new, computed, publish=False) is None:
             return False
         self.waiting.popleft()
-        if request.status == RequestStatus.WAITING:
-            request.num_cached_tokens = computed.num_tokens
-            self.kv.stats.queries += request.num_tokens
-            self.kv.stats.hits += computed.num_tokens
+        self._count_prefix_hit(request, computed)
         request.num_computed_tokens = computed.num_tokens
         request.num_remote_skip_blocks = computed.num_tokens // self.kv.block_size
         request.num_remote_attempts += 1
@@ -224,11 +221,15 @@ class Scheduler:
         self.kv.hold(hold.key, request.request_id, request.num_remote_skip_blocks)
         self.abandoned_remote.append(hold)
 
-    def _admit(self, request: Request, computed: ComputedBlocks) -> None:
+    def _count_prefix_hit(self, request: Request, computed: ComputedBlocks) -> None:
+        """On a request's first admission (not after preemption or a failed remote try)."""
         if request.status == RequestStatus.WAITING:
             request.num_cached_tokens = computed.num_tokens
             self.kv.stats.queries += request.num_tokens
             self.kv.stats.hits += computed.num_tokens
+
+    def _admit(self, request: Request, computed: ComputedBlocks) -> None:
+        self._count_prefix_hit(request, computed)
         request.num_computed_tokens += computed.num_tokens
         request.status = RequestStatus.RUNNING
         self.running.append(request)

@@ -171,10 +171,6 @@ class PrefillWorker:
     def busy(self) -> bool:
         return self.core.scheduler.has_unfinished_requests()
 
-    @property
-    def waiting_on_transfers(self) -> bool:
-        return any(job.transfers for job in self.jobs.values())
-
     def _post_ready(self, job: Job, num_computed: int) -> None:
         """Write the blocks the request has completed and not yet posted."""
         if job.ended is not None:

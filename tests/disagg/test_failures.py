@@ -174,9 +174,7 @@ def test_decode_out_of_blocks_makes_requests_wait(cluster, llm):
     items = [
         ([rng.randrange(5, 500) for _ in range(70)], {**GREEDY, "max_tokens": 8}) for _ in range(6)
     ]
-    started = time.monotonic()
     results = run_concurrently(d, items, p1, "tight-")
-    assert time.monotonic() - started < 60
     assert [r[0] for r in results] == offline(llm, items)
     text = d.metrics()
     assert metric_value(text, "tandem_disagg_decisions_total", decision="remote") == 6
