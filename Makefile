@@ -8,8 +8,9 @@ STAMP := $(VENV)/.installed-stamp
 # The CPU wheel of torch is local on our machines; a CUDA build elsewhere.
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
+SERVE_ARGS ?=
 
-.PHONY: install test test-kernels lint format serve bench clean
+.PHONY: install test test-kernels lint format serve bench bench-serve clean
 
 install: $(STAMP)
 
@@ -34,13 +35,13 @@ format: install
 	$(VENV)/bin/ruff check --fix .
 
 serve: install
-	@echo "tandem serve (router + prefill + decode) arrives with the router work (issue 4)."
-	@echo "Meanwhile, offline generation on a generated model:"
-	test -d models/tiny-llama || $(VENV)/bin/tandem make-model models/tiny-llama --arch llama
-	$(VENV)/bin/tandem generate --model models/tiny-llama "Hello from Tandem"
+	$(VENV)/bin/tandem serve $(SERVE_ARGS)
 
 bench: install
 	OMP_NUM_THREADS=1 $(PY) bench/offline.py
+
+bench-serve: install
+	$(PY) bench/serve.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache models

@@ -52,14 +52,16 @@ class DecodeLoop:
     """One iteration: wait, run queued calls, read replies and notifications, step,
     publish KV events."""
 
-    def __init__(self, core: NodeCore, loop: NodeLoop, options: DecodeOptions, pub: str) -> None:
+    def __init__(
+        self, core: NodeCore, loop: NodeLoop, options: DecodeOptions, host: str, pub_port: int
+    ) -> None:
         self.core = core
         self.loop = loop
         self.context = zmq.Context()
         self.poller = zmq.Poller()
         self.poller.register(loop.wake_fd, zmq.POLLIN)
         self.client = PrefillClient(self.context, self.poller)
-        self.publisher = KVEventPublisher(self.context, pub, core.agent.name)
+        self.publisher = KVEventPublisher(self.context, host, pub_port, core.agent.name)
         tokenizer = load_tokenizer(core.config.model_dir)
         self.worker = DecodeWorker(core, self.client, tokenizer, options)
 
@@ -77,6 +79,9 @@ class DecodeLoop:
         events = self.core.kv.pool.events
         self.publisher.publish(events, self.core.load())
         events.clear()
+
+    def ports(self) -> dict[str, int]:
+        return {"events_port": self.publisher.port}
 
     def close(self) -> None:
         self.client.close()
@@ -144,7 +149,6 @@ def run(args: argparse.Namespace) -> None:
         args.prefill_timeout,
         args.hold_timeout,
     )
-    pub = f"tcp://{args.host}:{args.zmq_port}"
 
     def build(loop: NodeLoop) -> DecodeLoop:
         config = engine_args_from(args).create_config()
@@ -155,8 +159,13 @@ def run(args: argparse.Namespace) -> None:
             args.remote_prefill_threshold,
             record_events=config.cache.enable_prefix_caching,
         )
-        logger.info("decode node: agent %s, KV events on %s", core.agent.name, pub)
-        return DecodeLoop(core, loop, options, pub)
+        decode_loop = DecodeLoop(core, loop, options, args.host, args.zmq_port)
+        logger.info(
+            "decode node: agent %s, KV events on port %d",
+            core.agent.name,
+            decode_loop.publisher.port,
+        )
+        return decode_loop
 
     server = NodeServer(build, registry)
     add_decode_routes(server)

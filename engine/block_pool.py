@@ -177,6 +177,8 @@ class BlockPool:
             return False
         for block in self.blocks:
             block.block_hash = None
+        if self.record_events:
+            self.events.extend((False, block_hash) for block_hash in self.cached)
         self.cached.clear()
         return True
 

@@ -14,6 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("tandem.engine.generate_cli", "generate offline from a model folder"),
     "prefill": ("tandem.prefill_node.cli", "run a prefill node"),
     "decode": ("tandem.decode_node.cli", "run a decode node"),
+    "router": ("tandem.router.cli", "run the OpenAI-compatible router"),
+    "serve": ("tandem.router.serve", "run router, prefill and decode locally"),
 }
 
 

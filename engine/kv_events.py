@@ -42,10 +42,12 @@ def decode_batch(data: bytes) -> KVEventBatch:
 class KVEventPublisher:
     """Owns the PUB socket; `publish` is called once per engine iteration."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, node: str) -> None:
+    def __init__(self, context: zmq.Context, host: str, port: int, node: str) -> None:
+        """Bind on `host:port` (port 0: any free port; `port` then tells which)."""
         self.socket = context.socket(zmq.PUB)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(endpoint)
+        self.socket.bind(f"tcp://{host}:{port or '*'}")
+        self.port = int(self.socket.getsockopt(zmq.LAST_ENDPOINT).decode().rsplit(":", 1)[1])
         self.node = node
         self.seq = 0
         self._last_load: Load | None = None

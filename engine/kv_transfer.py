@@ -202,7 +202,8 @@ class KVTransferAgent:
         if not kv_cache.is_contiguous():
             raise ValueError("the KV cache must be contiguous to register it with NIXL")
         self.name = name
-        self._agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        # No progress thread: it spins a core; our loops poll transfers and notifications.
+        self._agent = nixl_agent(name, nixl_agent_config(False, backends=["UCX"]))
         self._registration = self._agent.register_memory(kv_cache)
         num_blocks = kv_cache.shape[0]
         self.layout = KVLayout(

@@ -39,6 +39,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument(
+        "--revision",
+        default=os.environ.get("TANDEM_REVISION", ""),
+        help="model revision label; routers pair prefill and decode only within one "
+        "(default: $TANDEM_REVISION)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--log-level", default="info")
 
@@ -68,17 +74,18 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
 @dataclass(frozen=True)
 class NodeIdentity:
     """Labels and names: `model` and `role` label metrics; `pod` is the host (the pod name
-    in Kubernetes)."""
+    in Kubernetes); `revision` is what routers pair prefill and decode nodes by."""
 
     model: str
     role: str
     pod: str
+    revision: str = ""
 
     @classmethod
     def of(cls, args: argparse.Namespace, role: str) -> NodeIdentity:
         model = args.served_model_name or os.path.basename(os.path.normpath(args.model))
         pod = os.environ.get("POD_NAME") or f"{socket.gethostname()}:{args.http_port}"
-        return cls(model, role, pod)
+        return cls(model, role, pod, args.revision)
 
 
 class NodeCore:

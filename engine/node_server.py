@@ -19,24 +19,49 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
 
+from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import NodeCore
 from tandem.engine.node_loop import NodeLoop
 
 logger = logging.getLogger(__name__)
 
 
-def error_body(message: str, status: int, kind: str = "invalid_request_error") -> JSONResponse:
+def error_body(
+    message: str,
+    status: int,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     """An OpenAI-style error response."""
     return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": None, "code": status}},
+        {"error": {"message": message, "type": kind, "param": param, "code": status}},
         status_code=status,
+        headers=headers,
     )
+
+
+def add_validation_handler(app: FastAPI) -> None:
+    """Answer a body that fails validation with a 400 in OpenAI's error shape (not 422)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
+        param = ".".join(str(p) for p in errors[0]["loc"][1:]) if errors else None
+        return error_body(detail, 400, param=param or None)
 
 
 class Worker(Protocol):
     core: NodeCore
+    publisher: KVEventPublisher
 
     def run_once(self) -> None: ...
+
+    def ports(self) -> dict[str, int]:
+        """The node's ZMQ ports by name (`events_port`, and `zmq_port` where it takes
+        requests), reported by /health so routers need only the HTTP address."""
+        ...
 
     def close(self) -> None: ...
 
@@ -94,25 +119,37 @@ class NodeServer:
     def _add_routes(self) -> None:
         app = self.app
 
-        @app.exception_handler(RequestValidationError)
-        async def invalid(_request, exc: RequestValidationError) -> Response:
-            detail = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-            )
-            return error_body(detail, 400)
+        add_validation_handler(app)
 
         @app.get("/health")
         async def health() -> Response:
             if not self.ready.is_set():
                 return JSONResponse({"status": "loading"}, status_code=503)
             core = self.worker.core
+            identity = core.identity
             return JSONResponse(
-                {"status": "ok", "role": core.identity.role, "agent": core.agent.name}
+                {
+                    "status": "ok",
+                    "role": identity.role,
+                    "model": identity.model,
+                    "revision": identity.revision,
+                    "agent": core.agent.name,
+                    "block_size": core.config.cache.block_size,
+                    **self.worker.ports(),
+                }
             )
 
         @app.get("/metrics")
         async def metrics() -> Response:
             return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+
+        @app.get("/kv/snapshot")
+        async def kv_snapshot() -> Response:
+            """Every cached block hash and the sequence number of the last KV-event batch
+            they reflect: a router that missed events resynchronises from this."""
+            if (busy := self.not_ready()) is not None:
+                return busy
+            return JSONResponse(await self.call(self._kv_snapshot))
 
         @app.get("/debug/kv")
         async def debug_kv() -> Response:
@@ -127,6 +164,16 @@ class NodeServer:
             found = await self.call(lambda: self.worker.core.blocks_by_hash(query.hashes))
             return JSONResponse({str(h): base64.b64encode(b).decode() for h, b in found.items()})
 
+    def _kv_snapshot(self) -> dict[str, Any]:
+        worker = self.worker
+        return {
+            "node": worker.core.agent.name,
+            "seq": worker.publisher.seq,
+            "hashes": list(worker.core.kv.pool.cached),
+        }
+
     def serve(self, host: str, port: int, log_level: str = "info") -> None:
-        config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level)
+        config = uvicorn.Config(
+            self.app, host=host, port=port, log_level=log_level, access_log=False
+        )
         uvicorn.Server(config).run()

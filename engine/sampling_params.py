@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -41,6 +42,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias:  # JSON object keys arrive as strings
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         self._validate()
 
     def _validate(self) -> None:
@@ -77,6 +80,12 @@ class SamplingParams:
             ),
             (all(s for s in self.stop), "stop strings must not be empty"),
         ]
+        for name in ("seed", "top_k", "max_tokens", "min_tokens", "logprobs"):
+            value = getattr(self, name)
+            # these travel as msgpack/int64 and seed torch generators
+            checks.append(
+                (value is None or _INT64_MIN <= value <= _INT64_MAX, f"{name} is out of range")
+            )
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)

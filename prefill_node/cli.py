@@ -9,6 +9,12 @@ from tandem.engine.node_core import add_engine_arguments
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
+    parser.add_argument(
+        "--events-port",
+        type=int,
+        default=0,
+        help="ZMQ PUB port for KV events and load (0: any free port, reported by /health)",
+    )
 
 
 def run(args: argparse.Namespace) -> None:

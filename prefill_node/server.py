@@ -10,6 +10,7 @@ import msgspec
 import zmq
 from prometheus_client import CollectorRegistry
 
+from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.kv_transfer import AbortPrefill, decode_to_prefill, encode
 from tandem.engine.node_core import NodeCore, NodeIdentity, configure_process, engine_args_from
 from tandem.engine.node_loop import NodeLoop
@@ -24,15 +25,20 @@ _IDLE_POLL_MS = 100
 
 
 class PrefillLoop:
-    """One iteration: wait for input, run queued calls, read messages, step, poll writes."""
+    """One iteration: wait for input, run queued calls, read messages, step, poll writes,
+    publish KV events (routers steer shared prefixes to the worker that has them)."""
 
-    def __init__(self, core: NodeCore, loop: NodeLoop, endpoint: str) -> None:
+    def __init__(
+        self, core: NodeCore, loop: NodeLoop, host: str, zmq_port: int, events_port: int
+    ) -> None:
         self.core = core
         self.loop = loop
         self.context = zmq.Context()
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
-        self.socket.bind(endpoint)
+        self.socket.bind(f"tcp://{host}:{zmq_port}")
+        self.zmq_port = zmq_port
+        self.publisher = KVEventPublisher(self.context, host, events_port, core.agent.name)
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(loop.wake_fd, zmq.POLLIN)
@@ -47,6 +53,9 @@ class PrefillLoop:
         worker.step()
         worker.poll()
         self.core.metrics.observe(self.core.scheduler)
+        events = self.core.kv.pool.events
+        self.publisher.publish(events, self.core.load())
+        events.clear()
 
     def _read_messages(self) -> None:
         while True:
@@ -72,8 +81,12 @@ class PrefillLoop:
         except zmq.ZMQError as exc:
             logger.warning("could not answer %r: %s", peer, exc)
 
+    def ports(self) -> dict[str, int]:
+        return {"zmq_port": self.zmq_port, "events_port": self.publisher.port}
+
     def close(self) -> None:
         self.socket.close(0)
+        self.publisher.close()
         self.context.term()
 
 
@@ -81,12 +94,14 @@ def run(args: argparse.Namespace) -> None:
     configure_process(args)
     identity = NodeIdentity.of(args, "prefill")
     registry = CollectorRegistry()
-    endpoint = f"tcp://{args.host}:{args.zmq_port}"
 
     def build(loop: NodeLoop) -> PrefillLoop:
         config = engine_args_from(args).create_config()
-        core = NodeCore(config, identity, registry)
-        logger.info("prefill node: agent %s, ZMQ %s", core.agent.name, endpoint)
-        return PrefillLoop(core, loop, endpoint)
+        core = NodeCore(
+            config, identity, registry, record_events=config.cache.enable_prefix_caching
+        )
+        prefill_loop = PrefillLoop(core, loop, args.host, args.zmq_port, args.events_port)
+        logger.info("prefill node: agent %s, ZMQ %s", core.agent.name, prefill_loop.ports())
+        return prefill_loop
 
     NodeServer(build, registry).serve(args.host, args.http_port, args.log_level)

@@ -16,7 +16,7 @@ def node_logs(tmp_path_factory):
     return tmp_path_factory.mktemp("node-logs")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped once the package's tests are done
 def cluster(llama_dir, node_logs):
     common = ("--max-num-batched-tokens", "256", "--max-model-len", "512")
     decode_flags = ("--prefill-timeout", PREFILL_TIMEOUT, "--hold-timeout", HOLD_TIMEOUT)

@@ -20,35 +20,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Node:
-    """One node process; `start()` returns at once, `wait_ready()` waits for /health."""
+class Proc:
+    """One server process on 127.0.0.1; `start()` returns at once, `wait_ready()` waits for
+    `ready_path` to answer 200. Subclasses say what to run (`command`)."""
 
-    def __init__(self, role: str, model: Path, log_dir: Path, *extra: str) -> None:
-        self.role = role
-        self.model = model
+    name = "proc"
+    ready_path = "/health"
+
+    def __init__(self, log_dir: Path, http_port: int | None = None) -> None:
         self.log_dir = log_dir
-        self.extra = extra
-        self.http_port, self.zmq_port = free_port(), free_port()
+        self.http_port = http_port or free_port()
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.zmq_port}"
+    def command(self) -> list[str]:
+        raise NotImplementedError
 
-    def start(self) -> Node:
-        cmd = [
-            sys.executable, "-P", "-m", f"tandem.{self.role}_node",
-            "--model", str(self.model),
-            "--http-port", str(self.http_port), "--zmq-port", str(self.zmq_port),
-            "--threads", "1", "--log-level", "warning", *self.extra,
-        ]  # fmt: skip
-        log = open(self.log_dir / f"{self.role}-{self.http_port}.log", "ab")  # noqa: SIM115
+    def start(self) -> Proc:
+        log = open(self.log_dir / f"{self.name}-{self.http_port}.log", "ab")  # noqa: SIM115
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         return self
 
@@ -56,18 +50,15 @@ class Node:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.role} node exited with {self.proc.returncode}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
             try:
-                r = httpx.get(f"{self.url}/health", timeout=2)
+                r = httpx.get(f"{self.url}{self.ready_path}", timeout=2)
                 if r.status_code == 200:
-                    return r.json()
+                    return r.json() if "json" in r.headers.get("content-type", "") else {}
             except httpx.HTTPError:
                 pass
             time.sleep(0.2)
-        raise TimeoutError(f"{self.role} node not ready in {timeout}s")
-
-    def kv(self) -> dict:
-        return httpx.get(f"{self.url}/debug/kv", timeout=10).json()
+        raise TimeoutError(f"{self.name} not ready in {timeout}s")
 
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics", timeout=10).text
@@ -94,7 +85,33 @@ class Node:
                 self.kill()
 
 
-def start_all(*nodes: Node) -> None:
+class Node(Proc):
+    """A prefill or decode node process."""
+
+    def __init__(self, role: str, model: Path, log_dir: Path, *extra: str) -> None:
+        super().__init__(log_dir)
+        self.role = self.name = role
+        self.model = model
+        self.extra = extra
+        self.zmq_port = free_port()
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://127.0.0.1:{self.zmq_port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-P", "-m", f"tandem.{self.role}_node",
+            "--model", str(self.model),
+            "--http-port", str(self.http_port), "--zmq-port", str(self.zmq_port),
+            "--threads", "1", "--log-level", "warning", *self.extra,
+        ]  # fmt: skip
+
+    def kv(self) -> dict:
+        return httpx.get(f"{self.url}/debug/kv", timeout=10).json()
+
+
+def start_all(*nodes: Proc) -> None:
     for node in nodes:
         node.start()
     for node in nodes:

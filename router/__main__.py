@@ -1,0 +1,3 @@
+from tandem.router.cli import main
+
+main()

@@ -1,0 +1,275 @@
+"""The router's FastAPI app: OpenAI's `/v1/completions`, `/v1/chat/completions` and
+`/v1/models`, vLLM's `/tokenize` and `/detokenize`, and `/health`, `/metrics`, `/workers`.
+
+Order of checks for a generation request: API key (401), body (400), model name (404),
+saturation (429 with Retry-After), then the prompt (400) and the workers (503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tandem.engine.node_server import add_validation_handler
+from tandem.router.dispatch import Dispatcher, Job
+from tandem.router.errors import APIError, ModelNotFound, Unauthorized
+from tandem.router.generation import Generation, GenerationRunner
+from tandem.router.kv_index import PrefixIndex
+from tandem.router.metrics import RouterMetrics
+from tandem.router.monitor import Discovery, WorkerMonitor
+from tandem.router.policy import Policy
+from tandem.router.preprocess import Preprocessor, Prompt
+from tandem.router.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from tandem.router.responses import ChatFormat, CompletionFormat
+from tandem.router.workers import WorkerPool
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    api_keys: tuple[str, ...] = ()
+    max_inflight: int = 256  # generation requests in progress before 429
+    health_interval_s: float = 1.0
+    max_attempts: int = 3  # decode workers tried per choice
+
+
+class Router:
+    """Owns the pool, the index, the HTTP client and the monitor; `app` serves them."""
+
+    def __init__(
+        self,
+        pre: Preprocessor,
+        policy: Policy,
+        discovery: Discovery,
+        metrics: RouterMetrics,
+        options: RouterOptions,
+    ) -> None:
+        self.pre = pre
+        self.policy = policy
+        self.discovery = discovery
+        self.metrics = metrics
+        self.options = options
+        self.pool = WorkerPool()
+        self.index = PrefixIndex()
+        self.app = FastAPI(title="Tandem router", lifespan=self._lifespan)
+        self.app.add_middleware(AuthAndCount, router=self)
+        add_validation_handler(self.app)
+        self._add_routes()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+        timeout = httpx.Timeout(connect=2.0, read=None, write=10.0, pool=None)
+        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+            self.dispatcher = Dispatcher(
+                self.pool, self.index, self.policy, http, self.metrics,
+                self.pre.limits.block_size, self.options.max_attempts,
+            )  # fmt: skip
+            self.runner = GenerationRunner(self.dispatcher, self.metrics, self.options.max_inflight)
+            self.monitor = WorkerMonitor(
+                self.pool, self.index, self.discovery, http, self.options.health_interval_s
+            )
+            task = asyncio.create_task(self.monitor.run())
+            try:
+                yield
+            finally:
+                task.cancel()
+                self.monitor.close()
+
+    # -- checks ---------------------------------------------------------------------------
+
+    def authorize(self, header: str) -> None:
+        """Raise Unauthorized unless keys are off or `header` bears one of them."""
+        if not self.options.api_keys:
+            return
+        key = header[7:] if header.lower().startswith("bearer ") else ""
+        if not any(secrets.compare_digest(key, k) for k in self.options.api_keys):
+            raise Unauthorized("a valid API key is required (Authorization: Bearer <key>)")
+
+    def _check_model(self, model: str | None) -> str:
+        name = self.pre.limits.name
+        if model is not None and model != name:
+            raise ModelNotFound(f"The model `{model}` does not exist.", "model")
+        return name
+
+    # -- generation -----------------------------------------------------------------------
+
+    def _completion(self, req: CompletionRequest) -> Generation:
+        if req.suffix:
+            raise APIError("suffix is not supported", "suffix")
+        if req.best_of not in (None, req.n):
+            raise APIError("best_of must equal n when given", "best_of")
+        if req.echo and req.logprobs is not None:
+            raise APIError("echo with logprobs needs prompt logprobs, not supported", "echo")
+        prompts = self.pre.completion_prompts(req)
+        jobs, echoes = self._jobs("cmpl", req, prompts, req.max_tokens, req.logprobs)
+        if req.echo:
+            echoes = [
+                p.text if p.text is not None else self.pre.tokenizer.decode(p.token_ids)
+                for p in prompts
+                for _ in range(req.n)
+            ]
+        fmt = CompletionFormat(self.pre, req.logprobs is not None)
+        return self._generation(jobs[0].request_id, req, fmt, jobs, echoes, prompts)
+
+    def _chat(self, req: ChatCompletionRequest) -> Generation:
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs set to true", "top_logprobs")
+        prompt = self.pre.chat_prompt(req)
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        jobs, echoes = self._jobs("chatcmpl", req, [prompt], max_tokens, logprobs)
+        fmt = ChatFormat(self.pre, req.logprobs)
+        return self._generation(jobs[0].request_id, req, fmt, jobs, echoes, [prompt])
+
+    def _jobs(
+        self,
+        kind: str,
+        req: CompletionRequest | ChatCompletionRequest,
+        prompts: list[Prompt],
+        max_tokens: int | None,
+        logprobs: int | None,
+    ) -> tuple[list[Job], list[str]]:
+        """One job per choice, ids `<kind>-<hex>-<choice>`; and no echo prefixes."""
+        base = f"{kind}-{uuid.uuid4().hex}"
+        jobs = []
+        for p_index, prompt in enumerate(prompts):
+            choices = self.pre.sampling(req, prompt, max_tokens, logprobs)
+            for c_index, sampling in enumerate(choices):
+                rid = f"{base}-{p_index * req.n + c_index}"
+                jobs.append(Job(rid, prompt, sampling, req.cache_salt))
+        return jobs, [""] * len(jobs)
+
+    def _generation(self, first_id, req, fmt, jobs, echoes, prompts) -> Generation:
+        model = self.pre.limits.name
+        response_id = first_id.rsplit("-", 1)[0]
+        num_prompt = sum(len(p.token_ids) for p in prompts)
+        return Generation(response_id, model, fmt, jobs, echoes, num_prompt, req.include_usage)
+
+    async def _generate(self, request: Request, build: Callable[[], Generation], stream: bool):
+        self.runner.check_capacity()  # before tokenizing: shed load cheaply
+        return await self.runner.respond(build(), stream, request)
+
+    # -- routes ---------------------------------------------------------------------------
+
+    def _add_routes(self) -> None:
+        app = self.app
+
+        @app.exception_handler(APIError)
+        async def api_error(_request: Request, exc: APIError) -> Response:
+            return exc.response()
+
+        @app.post("/v1/completions")
+        async def completions(req: CompletionRequest, request: Request) -> Response:
+            self._check_model(req.model)
+            return await self._generate(request, lambda: self._completion(req), req.stream)
+
+        @app.post("/v1/chat/completions")
+        async def chat(req: ChatCompletionRequest, request: Request) -> Response:
+            self._check_model(req.model)
+            return await self._generate(request, lambda: self._chat(req), req.stream)
+
+        @app.get("/v1/models")
+        async def models() -> Response:
+            limits = self.pre.limits
+            card = {
+                "id": limits.name, "object": "model", "created": int(time.time()),
+                "owned_by": "tandem", "root": limits.name, "max_model_len": limits.max_model_len,
+            }  # fmt: skip
+            return JSONResponse({"object": "list", "data": [card]})
+
+        @app.post("/tokenize")
+        async def tokenize(req: TokenizeRequest) -> Response:
+            self._check_model(req.model)
+            if (req.prompt is None) == (req.messages is None):
+                raise APIError("give exactly one of prompt and messages", "prompt")
+            if req.messages is not None:
+                ids = self.pre.encode_messages(req.messages, req.add_generation_prompt)
+            else:
+                ids = self.pre.tokenize(req.prompt, req.add_special_tokens)
+            limits = self.pre.limits
+            return JSONResponse(
+                {"count": len(ids), "max_model_len": limits.max_model_len, "tokens": ids}
+            )
+
+        @app.post("/detokenize")
+        async def detokenize(req: DetokenizeRequest) -> Response:
+            self._check_model(req.model)
+            return JSONResponse({"prompt": self.pre.detokenize(req.tokens)})
+
+        @app.get("/health")
+        async def health() -> Response:
+            healthy = [w for w in self.pool.workers.values() if w.healthy]
+            ok = any(w.address.role == "decode" for w in healthy)
+            body = {"status": "ok" if ok else "no decode worker", "workers": len(healthy)}
+            return JSONResponse(body, status_code=200 if ok else 503)
+
+        @app.get("/workers")
+        async def workers() -> Response:
+            return JSONResponse([w.describe() for w in self.pool.workers.values()])
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            for w in self.pool.workers.values():
+                self.metrics.child(
+                    self.metrics.worker_healthy, worker=w.url, worker_role=w.address.role
+                ).set(1 if w.healthy else 0)
+            return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+# Paths that need the API key when keys are configured.
+_PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/workers")
+
+
+class AuthAndCount:
+    """ASGI middleware: the API-key check, and the per-endpoint status counter. Plain ASGI
+    (not `BaseHTTPMiddleware`), so streams and disconnects pass through untouched."""
+
+    def __init__(self, app, router: Router) -> None:
+        self.app = app
+        self.router = router
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        status = 500
+
+        async def send_counted(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if path.startswith(_PROTECTED):
+                headers = dict(scope["headers"])
+                self.router.authorize(headers.get(b"authorization", b"").decode("latin-1"))
+            await self.app(scope, receive, send_counted)
+        except APIError as exc:
+            await exc.response()(scope, receive, send_counted)
+        finally:
+            m = self.router.metrics
+            endpoint = path if path in _ENDPOINTS else "other"
+            m.child(m.requests, endpoint=endpoint, status=str(status)).inc()
+
+
+_ENDPOINTS = frozenset(
+    ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
+     "/health", "/metrics", "/workers")
+)  # fmt: skip

@@ -1,0 +1,45 @@
+"""`tandem router`: flags here, the server imported only when it runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+POLICY_NAMES = ("kv-aware", "prefix-aware", "least-load", "round-robin")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model folder (tokenizer, config.json)")
+    parser.add_argument("--served-model-name", default=None, help="model id (default: folder)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=16, help="the nodes' KV block size")
+    parser.add_argument("--policy", choices=POLICY_NAMES, default="kv-aware")
+    parser.add_argument("--discovery", choices=("static", "kubernetes"), default="static")
+    parser.add_argument("--prefill", nargs="*", default=[], metavar="URL", help="static workers")
+    parser.add_argument("--decode", nargs="*", default=[], metavar="URL", help="static workers")
+    parser.add_argument("--selector", default="", help="EndpointSlice label selector")
+    parser.add_argument("--namespace", default=None, help="default: the pod's namespace")
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[k for k in [os.environ.get("TANDEM_API_KEY")] if k],
+        help="accepted bearer key (repeatable; default: $TANDEM_API_KEY; none: no auth)",
+    )
+    parser.add_argument("--max-inflight", type=int, default=256, help="requests before 429")
+    parser.add_argument("--max-attempts", type=int, default=3, help="decode workers per choice")
+    parser.add_argument("--health-interval", type=float, default=1.0, help="seconds")
+    parser.add_argument("--log-level", default="info")
+
+
+def run(args: argparse.Namespace) -> None:
+    from tandem.router.server import run as serve
+
+    serve(args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tandem.router")
+    add_arguments(parser)
+    run(parser.parse_args(argv))

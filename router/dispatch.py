@@ -1,0 +1,185 @@
+"""Sends one choice of one request to a decode worker and reads its records back, with the
+router's failure policy: a decode worker that fails before any token reached the client is
+ejected and the choice is retried on another one (up to `max_attempts` workers); after a
+token has been streamed the stream ends with an error. A caller that stops reading (the
+client went away) aborts the request on the decode worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tandem.router.errors import APIError, InvalidRequest, Unavailable, UpstreamFailed
+from tandem.router.kv_index import PrefixIndex
+from tandem.router.metrics import RouterMetrics
+from tandem.router.policy import Policy, Route, RouteRequest, Snapshot
+from tandem.router.preprocess import Prompt
+from tandem.router.workers import WorkerPool
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One choice of one prompt, as sent to a decode worker."""
+
+    request_id: str
+    prompt: Prompt
+    sampling: dict[str, Any]
+    cache_salt: str | None = None
+
+
+class WorkerFailed(Exception):
+    """The decode worker failed the request (retriable while nothing was streamed)."""
+
+
+class StreamBroken(APIError):
+    """The decode worker failed after tokens reached the client."""
+
+    status = 502
+    kind = "server_error"
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        index: PrefixIndex,
+        policy: Policy,
+        http: httpx.AsyncClient,
+        metrics: RouterMetrics,
+        block_size: int,
+        max_attempts: int = 3,
+    ) -> None:
+        self.pool = pool
+        self.index = index
+        self.policy = policy
+        self.http = http
+        self.metrics = metrics
+        self.block_size = block_size
+        self.max_attempts = max_attempts
+        self._seq = 0
+        self._aborts: set[asyncio.Task] = set()
+
+    def route(self, prompt: Prompt, exclude: frozenset[str] = frozenset()) -> Route:
+        """Pick (prefill, decode) for a prompt; Unavailable when no decode worker is up."""
+        start = time.perf_counter()
+        overlaps = {url: self.index.overlap(url, prompt.block_hashes) for url in self.pool.workers}
+        prefill, decode = self.pool.snapshot(overlaps, exclude)
+        self._seq += 1
+        req = RouteRequest(
+            self._seq, len(prompt.block_hashes), len(prompt.token_ids), self.block_size
+        )
+        route = self.policy(Snapshot(prefill, decode), req)
+        if route is None:
+            raise Unavailable("no decode worker is available", retry_after=1)
+        self.metrics.observe_route(route, time.perf_counter() - start)
+        return route
+
+    async def records(self, job: Job, buffered: bool = False) -> AsyncIterator[dict[str, Any]]:
+        """The decode worker's records for `job`. With `buffered`, records are held until
+        the choice finished (so any failure may be retried); otherwise they flow as they
+        come and a failure after the first token raises StreamBroken."""
+        tried: set[str] = set()
+        while True:
+            route = self.route(job.prompt, frozenset(tried))
+            tried.add(route.decode.url)
+            held: list[dict[str, Any]] = []
+            streamed = False
+            try:
+                async for record in self._attempt(job, route):
+                    if buffered:
+                        held.append(record)
+                        continue
+                    streamed = streamed or bool(record["token_ids"] or record["text"])
+                    yield record
+                for record in held:
+                    yield record
+                return
+            except WorkerFailed as exc:
+                self.pool.health_failed(route.decode.url, eject=True)
+                if streamed:
+                    raise StreamBroken(f"decode worker failed mid-stream: {exc}") from exc
+                if len(tried) >= self.max_attempts:
+                    raise UpstreamFailed(
+                        f"request failed on {len(tried)} worker(s): {exc}"
+                    ) from exc
+                logger.warning(
+                    "request %s: %s; retrying on another decode worker", job.request_id, exc
+                )
+                self.metrics.child(self.metrics.retries, reason="decode_failed").inc()
+
+    async def _attempt(self, job: Job, route: Route) -> AsyncIterator[dict[str, Any]]:
+        decode, prefill = route.decode, route.prefill
+        body = {
+            "request_id": job.request_id,
+            "token_ids": job.prompt.token_ids,
+            "sampling": job.sampling,
+            "prefill": prefill.endpoint if prefill else None,
+            "prefill_alternates": [p.endpoint for p in route.alternates if p.endpoint],
+            "cache_salt": job.cache_salt,
+        }
+        workers = [self.pool.workers.get(w.url) for w in (decode, prefill) if w is not None]
+        for w in workers:
+            if w is not None:
+                w.inflight += 1
+        finished = False
+        try:
+            async with self.http.stream("POST", f"{decode.url}/generate", json=body) as r:
+                await self._check_status(r)
+                async for line in r.aiter_lines():
+                    if not line:
+                        continue
+                    record = json.loads(line)
+                    self._release(workers[1:])  # the prefill part is over
+                    workers = workers[:1]
+                    finished = record["finish_reason"] is not None
+                    if record.get("error"):
+                        raise WorkerFailed(record["error"])
+                    yield record
+            if not finished:
+                raise WorkerFailed(f"{decode.url} closed the stream before the end")
+        except (httpx.HTTPError, json.JSONDecodeError) as exc:
+            raise WorkerFailed(f"{decode.url}: {exc!r}") from exc
+        finally:
+            self._release(workers)
+            if not finished:
+                self._abort(decode.url, job.request_id)
+
+    async def _check_status(self, r: httpx.Response) -> None:
+        if r.status_code == 200:
+            return
+        await r.aread()
+        try:
+            message = r.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = r.text[:200]
+        if r.status_code == 400:
+            raise InvalidRequest(message)
+        raise WorkerFailed(f"status {r.status_code}: {message}")
+
+    def _release(self, workers: list) -> None:
+        for w in workers:
+            if w is not None:
+                w.inflight -= 1
+
+    def _abort(self, url: str, request_id: str) -> None:
+        """Tell the decode worker to drop the request (fire and forget: it also notices
+        the closed stream)."""
+
+        async def send() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # a dead worker has nothing to free
+                await self.http.post(f"{url}/abort", json={"request_id": request_id}, timeout=5)
+
+        task = asyncio.get_running_loop().create_task(send())
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)

@@ -1,0 +1,61 @@
+"""The router's errors: each knows its HTTP status and becomes an OpenAI error body."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from tandem.engine.node_server import error_body
+
+
+class APIError(Exception):
+    """An error the client caused or must wait out; never a 500."""
+
+    status = 400
+    kind = "invalid_request_error"
+
+    def __init__(
+        self, message: str, param: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after = retry_after
+
+    def response(self) -> JSONResponse:
+        headers = None
+        if self.retry_after is not None:
+            headers = {"Retry-After": str(max(1, round(self.retry_after)))}
+        return error_body(self.message, self.status, self.kind, self.param, headers)
+
+
+class InvalidRequest(APIError):
+    status = 400
+
+
+class Unauthorized(APIError):
+    status = 401
+    kind = "authentication_error"
+
+
+class ModelNotFound(APIError):
+    status = 404
+    kind = "not_found_error"
+
+
+class TooManyRequests(APIError):
+    status = 429
+    kind = "rate_limit_error"
+
+
+class Unavailable(APIError):
+    """No worker can take the request now (503 with Retry-After)."""
+
+    status = 503
+    kind = "service_unavailable"
+
+
+class UpstreamFailed(APIError):
+    """Workers failed the request after the router's retries."""
+
+    status = 502
+    kind = "server_error"

@@ -1,0 +1,218 @@
+"""One OpenAI generation request end to end: its choices run concurrently on decode
+workers, and the answer is either one JSON object or a Server-Sent Events stream of chunks
+ending with `data: [DONE]`.
+
+A streamed request is answered with an error status (not a stream) when its first record
+cannot be had (no worker, a bad request found by the worker); a failure after that ends
+the stream with an error event. A client that goes away aborts every choice downstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request as HttpRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from tandem.router.dispatch import Dispatcher, Job
+from tandem.router.errors import APIError, TooManyRequests
+from tandem.router.metrics import RouterMetrics
+from tandem.router.responses import ChoiceState, Format, usage
+
+_END = object()
+
+
+@dataclass
+class Generation:
+    """The choices of one request (`n` per prompt, numbered prompt by prompt)."""
+
+    response_id: str
+    model: str
+    fmt: Format
+    jobs: list[Job]
+    echo_prefixes: list[str]  # per job: prompt text to echo (completions), else ""
+    num_prompt_tokens: int
+    include_usage: bool
+
+    def __post_init__(self) -> None:
+        self.created = int(time.time())
+        self.states = [ChoiceState(i, p) for i, p in enumerate(self.echo_prefixes)]
+
+    def body(self, choices: list[dict[str, Any]], chunk: bool) -> dict[str, Any]:
+        return {
+            "id": self.response_id,
+            "object": self.fmt.chunk_object if chunk else self.fmt.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return usage(self.num_prompt_tokens, sum(s.completion_tokens for s in self.states))
+
+
+class GenerationRunner:
+    """Runs generations; at most `max_inflight` at once (the rest get a 429)."""
+
+    def __init__(self, dispatcher: Dispatcher, metrics: RouterMetrics, max_inflight: int) -> None:
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.max_inflight = max_inflight
+        self.inflight = 0
+
+    def check_capacity(self) -> None:
+        """Raise TooManyRequests when saturated (call before the costly preprocessing)."""
+        if self.inflight >= self.max_inflight:
+            raise TooManyRequests(
+                f"{self.inflight} requests are in flight; retry later", retry_after=1
+            )
+
+    async def respond(self, gen: Generation, stream: bool, http: HttpRequest) -> Response:
+        """The whole answer, or a stream; the generation counts as in flight until the
+        answer or the stream is over."""
+        self.check_capacity()
+        self._enter()
+        streaming = False
+        try:
+            if not stream:
+                return await self._complete(gen, http)
+            events = self._events(gen, buffered=False)
+            first = await anext(events)  # errors before the first record become a status
+            if isinstance(first[1], APIError):
+                await events.aclose()
+                raise first[1]
+            streaming = True
+            return _Stream(self._sse(gen, first, events), events, self._exit)
+        finally:
+            if not streaming:
+                self._exit()
+
+    def _enter(self) -> None:
+        self.inflight += 1
+        self.metrics.child(self.metrics.in_flight).inc()
+
+    def _exit(self) -> None:
+        self.inflight -= 1
+        self.metrics.child(self.metrics.in_flight).dec()
+
+    async def _complete(self, gen: Generation, http: HttpRequest) -> Response:
+        """Gather every choice (each retried whole on failure); abort on disconnect."""
+        collect = asyncio.ensure_future(self._collect(gen))
+        watch = asyncio.ensure_future(_disconnected(http))
+        try:
+            await asyncio.wait({collect, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not collect.done():
+                collect.cancel()  # the client left: choices abort downstream
+        if collect.cancelled():
+            return Response(status_code=499)
+        collect.result()  # raises the APIError of a failed choice
+        body = gen.body([gen.fmt.choice(s) for s in gen.states], chunk=False)
+        body["usage"] = gen.usage
+        return JSONResponse(body)
+
+    async def _collect(self, gen: Generation) -> None:
+        async for index, item in self._events(gen, buffered=True):
+            if isinstance(item, APIError):
+                raise item
+            gen.states[index].add(item)
+
+    async def _events(self, gen: Generation, buffered: bool) -> AsyncIterator[tuple[int, Any]]:
+        """(choice index, record or APIError) from every choice, as they arrive."""
+        queue: asyncio.Queue = asyncio.Queue()
+        start = time.monotonic()
+        first_token = True
+
+        async def run(index: int, job: Job) -> None:
+            try:
+                async for record in self.dispatcher.records(job, buffered):
+                    await queue.put((index, record))
+            except APIError as exc:
+                await queue.put((index, exc))
+            finally:
+                await queue.put((index, _END))
+
+        tasks = [asyncio.create_task(run(i, job)) for i, job in enumerate(gen.jobs)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                index, item = await queue.get()
+                if item is _END:
+                    remaining -= 1
+                    continue
+                if first_token and isinstance(item, dict) and item["token_ids"]:
+                    first_token = False
+                    self.metrics.child(self.metrics.ttft).observe(time.monotonic() - start)
+                yield index, item
+            self._observe_done(gen, start)
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    def _observe_done(self, gen: Generation, start: float) -> None:
+        m = self.metrics
+        m.child(m.e2e).observe(time.monotonic() - start)
+        m.child(m.prompt_tokens).inc(gen.num_prompt_tokens)
+        m.child(m.generation_tokens).inc(gen.usage["completion_tokens"])
+
+    async def _sse(
+        self, gen: Generation, first: tuple[int, Any], events: AsyncIterator[tuple[int, Any]]
+    ) -> AsyncIterator[str]:
+        started = [False] * len(gen.states)
+        pending = [first]
+        try:
+            while True:
+                index, item = pending.pop() if pending else await anext(events)
+                if isinstance(item, APIError):
+                    yield _data({"error": json.loads(item.response().body)["error"]})
+                    break
+                state = gen.states[index]
+                state.add(item)
+                choice = gen.fmt.delta(state, item, not started[index])
+                started[index] = True
+                chunk = gen.body([choice], chunk=True)
+                if gen.include_usage:
+                    chunk["usage"] = None
+                yield _data(chunk)
+        except StopAsyncIteration:
+            if gen.include_usage:
+                yield _data({**gen.body([], chunk=True), "usage": gen.usage})
+        yield "data: [DONE]\n\n"
+
+
+class _Stream(StreamingResponse):
+    """An SSE response that, however it ends (done, failed, or the client gone, even
+    before the first byte), closes its events (aborting unfinished choices downstream)
+    and leaves the in-flight count."""
+
+    def __init__(
+        self, body: AsyncIterator[str], events: AsyncIterator, on_close: Callable[[], None]
+    ) -> None:
+        super().__init__(body, media_type="text/event-stream")
+        self.events = events
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with contextlib.suppress(RuntimeError):  # already closed by its own end
+                await self.events.aclose()
+            self.on_close()
+
+
+def _data(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+async def _disconnected(http: HttpRequest) -> None:
+    while not await http.is_disconnected():
+        await asyncio.sleep(0.25)

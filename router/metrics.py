@@ -1,0 +1,76 @@
+"""The router's Prometheus metrics: requests by endpoint and status, what users see (time
+to first token, end-to-end latency, tokens), routing time, per-worker selections, retries,
+worker health. Labels `model`, `role="router"`, `pod`; never a request id."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tandem.engine.metrics import LABELS, LATENCY_BUCKETS
+from tandem.router.policy import Route
+
+ROUTING_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1)
+
+
+class RouterMetrics:
+    def __init__(self, registry: CollectorRegistry, model: str, pod: str) -> None:
+        self.registry = registry
+        self._labels = {"model": model, "role": "router", "pod": pod}
+        r = registry
+        self.requests = Counter(
+            "tandem_router_requests_total", "HTTP requests answered.",
+            (*LABELS, "endpoint", "status"), registry=r,
+        )  # fmt: skip
+        self.in_flight = Gauge(
+            "tandem_router_requests_in_flight",
+            "Generation requests in progress.",
+            LABELS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "tandem_time_to_first_token_seconds", "Time to first token, as the client sees it.",
+            LABELS, registry=r, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "tandem_e2e_request_latency_seconds", "Request latency, as the client sees it.",
+            LABELS, registry=r, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "tandem_prompt_tokens_total", "Prompt tokens.", LABELS, registry=r
+        )
+        self.generation_tokens = Counter(
+            "tandem_generation_tokens_total", "Generated tokens.", LABELS, registry=r
+        )
+        self.routing = Histogram(
+            "tandem_router_routing_seconds", "Time the policy took to pick workers.",
+            LABELS, registry=r, buckets=ROUTING_BUCKETS,
+        )  # fmt: skip
+        self.selections = Counter(
+            "tandem_router_worker_selections_total", "Times each worker was chosen.",
+            (*LABELS, "worker", "worker_role"), registry=r,
+        )  # fmt: skip
+        self.prefix_blocks = Counter(
+            "tandem_router_prefix_overlap_blocks_total",
+            "Prompt blocks the chosen prefill worker had cached, per the KV-event index.",
+            LABELS, registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "tandem_router_retries_total", "Choices retried on another decode worker.",
+            (*LABELS, "reason"), registry=r,
+        )  # fmt: skip
+        self.worker_healthy = Gauge(
+            "tandem_router_worker_healthy", "1 when the worker passes health checks.",
+            (*LABELS, "worker", "worker_role"), registry=r,
+        )  # fmt: skip
+
+    def child(self, metric, **labels: str):
+        """`metric` bound to the router's labels plus `labels`."""
+        return metric.labels(**self._labels, **labels)
+
+    def observe_route(self, route: Route, seconds: float) -> None:
+        self.child(self.routing).observe(seconds)
+        for view in (route.decode, route.prefill):
+            if view is not None:
+                self.child(self.selections, worker=view.url, worker_role=view.role).inc()
+        if route.prefill is not None:
+            self.child(self.prefix_blocks).inc(route.prefill.overlap_blocks)

@@ -1,0 +1,145 @@
+"""Keeps the worker pool true: discovery, health checks, and one KV-event subscription per
+worker (which also carries its load). Runs as tasks on the router's event loop.
+
+Each round asks discovery for the addresses, checks every worker's `/health` (a worker is
+ejected after `EJECT_AFTER` failures in a row and back at the first success), and
+(re)subscribes to a worker's events when its endpoint or agent changed (a restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol
+
+import httpx
+import msgspec
+import zmq
+import zmq.asyncio
+
+from tandem.engine.kv_events import decode_batch
+from tandem.router.kv_index import PrefixIndex
+from tandem.router.workers import WorkerAddress, WorkerPool
+
+logger = logging.getLogger(__name__)
+
+
+class Discovery(Protocol):
+    async def addresses(self) -> list[WorkerAddress]:
+        """The workers that exist now (healthy or not)."""
+        ...
+
+
+class Subscription:
+    """One SUB socket on one worker's events endpoint, read by one task."""
+
+    def __init__(self, monitor: WorkerMonitor, url: str, endpoint: str, agent: str) -> None:
+        self.endpoint, self.agent = endpoint, agent
+        self.socket = monitor.context.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.socket.connect(endpoint)
+        self.task = asyncio.create_task(monitor.read_events(url, self.socket))
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.socket.close(0)
+
+
+class WorkerMonitor:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        index: PrefixIndex,
+        discovery: Discovery,
+        http: httpx.AsyncClient,
+        interval_s: float = 1.0,
+    ) -> None:
+        self.pool = pool
+        self.index = index
+        self.discovery = discovery
+        self.http = http
+        self.interval_s = interval_s
+        self.context = zmq.asyncio.Context()
+        self.subscriptions: dict[str, Subscription] = {}
+        self.first_round = asyncio.Event()
+        self._resyncs: set[asyncio.Task] = set()  # strong references until done
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.check_once()
+            except Exception:  # a bad round must not end monitoring
+                logger.exception("worker monitoring round failed")
+            self.first_round.set()
+            await asyncio.sleep(self.interval_s)
+
+    async def check_once(self) -> None:
+        _, removed = self.pool.update(await self.discovery.addresses())
+        for url in removed:
+            self._unsubscribe(url)
+        urls = list(self.pool.workers)
+        await asyncio.gather(*(self._check(url) for url in urls))
+
+    async def _check(self, url: str) -> None:
+        try:
+            r = await self.http.get(f"{url}/health", timeout=max(self.interval_s, 1.0))
+            info = r.json() if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            info = None
+        if url not in self.pool.workers:
+            return  # removed while we waited
+        if info is None:
+            self.pool.health_failed(url)
+            return
+        if self.pool.health_ok(url, info):
+            logger.info("worker %s restarted (agent %s)", url, info.get("agent"))
+        self._subscribe(url)
+
+    def _subscribe(self, url: str) -> None:
+        worker = self.pool.workers[url]
+        endpoint, agent = worker.events_endpoint, worker.agent
+        current = self.subscriptions.get(url)
+        if endpoint is None or (current and (current.endpoint, current.agent) == (endpoint, agent)):
+            return
+        self._unsubscribe(url)
+        self.subscriptions[url] = Subscription(self, url, endpoint, agent)
+
+    def _unsubscribe(self, url: str) -> None:
+        sub = self.subscriptions.pop(url, None)
+        if sub is not None:
+            sub.close()
+        self.index.forget(url)
+
+    async def read_events(self, url: str, socket: zmq.asyncio.Socket) -> None:
+        while True:
+            data = await socket.recv()
+            try:
+                batch = decode_batch(data)
+            except msgspec.DecodeError:
+                logger.warning("undecodable KV event from %s", url)
+                continue
+            worker = self.pool.workers.get(url)
+            if worker is not None:
+                worker.load = batch.load
+            if self.index.apply(url, batch):
+                task = asyncio.create_task(self._resync(url))
+                self._resyncs.add(task)
+                task.add_done_callback(self._resyncs.discard)
+
+    async def _resync(self, url: str) -> None:
+        try:
+            r = await self.http.get(f"{url}/kv/snapshot", timeout=5)
+            r.raise_for_status()
+            snap = r.json()
+            self.index.load_snapshot(url, snap["node"], snap["seq"], snap["hashes"])
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            logger.warning("KV snapshot from %s failed: %s", url, exc)
+            self.index.resync_failed(url)
+
+    def close(self) -> None:
+        for url in list(self.subscriptions):
+            self._unsubscribe(url)
+        with contextlib.suppress(Exception):
+            self.context.term()

@@ -1,0 +1,120 @@
+"""Routing policies: pure functions `choose(snapshot, request) -> Route`.
+
+A snapshot holds frozen views of the healthy workers, each with its load and the number
+of the prompt's leading blocks it has cached. A policy picks the decode worker first, then
+a prefill worker of the same model revision (none when that revision has no prefill
+worker: the decode node then prefills locally). Other prefill workers of that revision,
+best first, are the decode node's alternates when the chosen one fails.
+
+- `round-robin`: the request's sequence number picks, in URL order.
+- `least-load`: fewest pending requests (ties rotate with the sequence number).
+- `prefix-aware`: the longest cached prefix, then least load.
+- `kv-aware` (default): the lowest cost, counted in blocks of prefill work: the blocks a
+  prefill worker must still compute after its cached prefix, plus one such request per
+  request already pending there; for decode, the blocks to receive plus its pending
+  requests, and a large penalty when its free blocks cannot hold the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tandem.router.workers import WorkerView
+
+# Added to a decode worker's cost when the prompt does not fit its free blocks now.
+_FULL_PENALTY = 1_000_000
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    seq: int  # the router's running request number
+    num_blocks: int  # full blocks in the prompt (len(block_hashes))
+    num_tokens: int
+    block_size: int = 16
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    prefill: tuple[WorkerView, ...]
+    decode: tuple[WorkerView, ...]
+
+
+@dataclass(frozen=True)
+class Route:
+    decode: WorkerView
+    prefill: WorkerView | None
+    alternates: tuple[WorkerView, ...] = ()
+
+
+Policy = Callable[[Snapshot, RouteRequest], Route | None]
+Key = Callable[[WorkerView, int], tuple]
+
+
+def _ranked(workers: Sequence[WorkerView], req: RouteRequest, key: Key) -> list[WorkerView]:
+    """Best first by `key`; ties broken by a rotation that moves with `req.seq`."""
+    n = len(workers)
+    order = sorted(range(n), key=lambda i: (*key(workers[i], i), (i - req.seq) % n))
+    return [workers[i] for i in order]
+
+
+def _pair(snapshot: Snapshot, req: RouteRequest, decode_key: Key, prefill_key: Key) -> Route | None:
+    if not snapshot.decode:
+        return None
+    decode = _ranked(snapshot.decode, req, decode_key)[0]
+    same = [p for p in snapshot.prefill if p.revision == decode.revision]
+    if not same:
+        return Route(decode, None)
+    ranked = _ranked(same, req, prefill_key)
+    return Route(decode, ranked[0], tuple(ranked[1:]))
+
+
+def round_robin(snapshot: Snapshot, req: RouteRequest) -> Route | None:
+    def key(_w: WorkerView, _i: int) -> tuple:
+        return ()
+
+    return _pair(snapshot, req, key, key)
+
+
+def least_load(snapshot: Snapshot, req: RouteRequest) -> Route | None:
+    def key(w: WorkerView, _i: int) -> tuple:
+        return (w.pending,)
+
+    return _pair(snapshot, req, key, key)
+
+
+def prefix_aware(snapshot: Snapshot, req: RouteRequest) -> Route | None:
+    def key(w: WorkerView, _i: int) -> tuple:
+        return (-w.overlap_blocks, w.pending)
+
+    return _pair(snapshot, req, key, key)
+
+
+def kv_aware(snapshot: Snapshot, req: RouteRequest) -> Route | None:
+    return _pair(
+        snapshot,
+        req,
+        lambda w, _i: (decode_cost(w, req),),
+        lambda w, _i: (prefill_cost(w, req),),
+    )
+
+
+def prefill_cost(worker: WorkerView, req: RouteRequest) -> int:
+    """Blocks of prompt work: this prompt's uncached blocks, plus as much per pending one."""
+    return (req.num_blocks - worker.overlap_blocks) + worker.pending * max(req.num_blocks, 1)
+
+
+def decode_cost(worker: WorkerView, req: RouteRequest) -> int:
+    """Blocks to receive, plus pending requests; a full worker only as a last resort."""
+    needed = req.num_tokens // req.block_size + 1  # the prompt plus the first decode step
+    full = worker.total_blocks > 0 and worker.free_blocks < needed
+    penalty = _FULL_PENALTY if full else 0
+    return (req.num_blocks - worker.overlap_blocks) + worker.pending + penalty
+
+
+POLICIES: dict[str, Policy] = {
+    "round-robin": round_robin,
+    "least-load": least_load,
+    "prefix-aware": prefix_aware,
+    "kv-aware": kv_aware,
+}

@@ -1,0 +1,196 @@
+"""From an OpenAI request to what the workers take: the prompt's token ids (chat template
+applied, tokenized once, here), its block hashes, and one sampling dictionary per choice.
+
+Every check that can fail on the client's input happens here, before any worker is asked,
+and raises `InvalidRequest` naming the parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from tandem.engine.block_hash import hash_blocks
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.tokenizer import encode_chat
+from tandem.router.errors import InvalidRequest
+from tandem.router.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt, tokenized: `text` is what `echo` repeats (None for token-id prompts)."""
+
+    token_ids: list[int]
+    text: str | None
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    name: str
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+
+
+class Preprocessor:
+    """Owns the tokenizer; stateless apart from a cache of single-token strings."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: ModelLimits) -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self._token_text: dict[int, str] = {}
+
+    # -- prompts --------------------------------------------------------------------------
+
+    def completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
+        raw = req.prompt
+        if isinstance(raw, str):
+            items: Sequence[str | list[int]] = [raw]
+        elif raw and all(isinstance(t, int) for t in raw):
+            items = [raw]  # one prompt as token ids
+        else:
+            items = raw
+        if not items:
+            raise InvalidRequest("prompt must not be empty", "prompt")
+        prompts = []
+        for item in items:
+            if isinstance(item, str):
+                prompts.append(self._prompt(self.tokenizer.encode(item), item, req.cache_salt))
+            else:
+                prompts.append(self._prompt(list(item), None, req.cache_salt))
+        return prompts
+
+    def chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
+        for name in ("tools", "functions"):
+            if getattr(req, name):
+                raise InvalidRequest(f"{name} are not supported", name)
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise InvalidRequest("only the text response_format is supported", "response_format")
+        ids = self.encode_messages(req.messages, req.add_generation_prompt, req.chat_template)
+        return self._prompt(ids, None, req.cache_salt)
+
+    def encode_messages(
+        self,
+        messages: Sequence[ChatMessage],
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+    ) -> list[int]:
+        """The conversation rendered by the chat template, tokenized. Raises InvalidRequest."""
+        if not messages:
+            raise InvalidRequest("messages must not be empty", "messages")
+        rendered = [{"role": m.role, "content": m.text()} for m in messages]
+        try:
+            return encode_chat(self.tokenizer, rendered, add_generation_prompt, chat_template)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), "messages") from exc
+        except Exception as exc:  # a template error is the request's fault (its messages)
+            raise InvalidRequest(f"the chat template failed: {exc}", "messages") from exc
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        self._check_ids(token_ids, "tokens")
+        return self.tokenizer.decode(token_ids)
+
+    def token_text(self, token_id: int) -> str:
+        """One token on its own, as logprobs show it."""
+        text = self._token_text.get(token_id)
+        if text is None:
+            text = self._token_text[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def _prompt(self, token_ids: list[int], text: str | None, cache_salt: str | None) -> Prompt:
+        limits = self.limits
+        if not token_ids:
+            raise InvalidRequest("the prompt is empty", "prompt")
+        self._check_ids(token_ids, "prompt")
+        if len(token_ids) >= limits.max_model_len:
+            raise InvalidRequest(
+                f"This model's maximum context length is {limits.max_model_len} tokens; the "
+                f"prompt has {len(token_ids)} tokens, leaving no room for output",
+                "prompt",
+            )
+        extra = (cache_salt,) if cache_salt else ()
+        hashes = hash_blocks(token_ids, limits.block_size, extra)
+        return Prompt(token_ids, text, tuple(hashes))
+
+    def _check_ids(self, token_ids: list[int], param: str) -> None:
+        vocab = self.limits.vocab_size
+        if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
+            raise InvalidRequest(f"token ids must be in [0, {vocab})", param)
+
+    # -- sampling -------------------------------------------------------------------------
+
+    def sampling(
+        self, req: SamplingFields, prompt: Prompt, max_tokens: int | None, logprobs: int | None
+    ) -> list[dict[str, Any]]:
+        """One sampling dictionary per choice (`n` of them; choice i seeded `seed + i`).
+
+        `max_tokens` None means the rest of the context. Raises InvalidRequest.
+        """
+        room = self.limits.max_model_len - len(prompt.token_ids)
+        if max_tokens is not None and max_tokens > room:
+            raise InvalidRequest(
+                f"This model's maximum context length is {self.limits.max_model_len} tokens. "
+                f"However, you requested {len(prompt.token_ids) + max_tokens} tokens "
+                f"({len(prompt.token_ids)} in the prompt, {max_tokens} for the completion).",
+                "max_tokens",
+            )
+        params = self._params(req, max_tokens or room, logprobs)
+        choices = []
+        for i in range(req.n):
+            seed = None if params.seed is None else _wrap_int64(params.seed + i)
+            choices.append(dataclasses.asdict(dataclasses.replace(params, seed=seed)))
+        return choices
+
+    def _params(self, req: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        fields: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "min_tokens": req.min_tokens,
+            "stop": req.stop,
+            "stop_token_ids": req.stop_token_ids or [],
+            "seed": req.seed,
+            "logit_bias": self._logit_bias(req.logit_bias),
+            "ignore_eos": req.ignore_eos,
+            "logprobs": logprobs,
+            "skip_special_tokens": req.skip_special_tokens,
+            "include_stop_str_in_output": req.include_stop_str_in_output,
+        }
+        for name in (
+            "temperature", "top_p", "top_k", "min_p",
+            "presence_penalty", "frequency_penalty", "repetition_penalty",
+        ):  # fmt: skip
+            value = getattr(req, name)
+            if value is not None:
+                fields[name] = value
+        self._check_ids(fields["stop_token_ids"], "stop_token_ids")
+        try:
+            return SamplingParams(**fields)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+
+    def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float] | None:
+        if not bias:
+            return None
+        try:
+            parsed = {int(k): float(v) for k, v in bias.items()}
+        except ValueError as exc:
+            raise InvalidRequest("logit_bias keys must be token ids", "logit_bias") from exc
+        self._check_ids(list(parsed), "logit_bias")
+        return parsed
+
+
+def _wrap_int64(value: int) -> int:
+    return (value + 2**63) % 2**64 - 2**63

@@ -1,0 +1,171 @@
+"""The router's view of its workers: what discovery found, what health checks and KV events
+said, and how many requests the router itself has in flight on each.
+
+`WorkerPool` is touched only from the router's event loop. `snapshot()` copies it into
+frozen `WorkerView`s for the routing policy, which never sees mutable state.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from tandem.engine.kv_events import Load
+
+logger = logging.getLogger(__name__)
+
+# Consecutive failed health checks before a worker is ejected.
+EJECT_AFTER = 2
+
+
+@dataclass(frozen=True)
+class WorkerAddress:
+    """What discovery yields: where a worker's HTTP API is and which role it serves."""
+
+    url: str
+    role: str  # "prefill" or "decode"
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One worker as a routing policy sees it, for one request."""
+
+    url: str
+    role: str
+    revision: str
+    endpoint: str | None  # prefill: the ZMQ endpoint decode nodes send prefill requests to
+    running: int = 0
+    waiting: int = 0
+    free_blocks: int = 0
+    total_blocks: int = 0
+    inflight: int = 0  # this router's requests on it now
+    overlap_blocks: int = 0  # leading prompt blocks it has cached (from KV events)
+
+    @property
+    def pending(self) -> int:
+        """Requests queued or running there: the node's own count, or the router's when
+        fresher (the node's counts lag by one event batch)."""
+        return max(self.inflight, self.running + self.waiting)
+
+
+@dataclass
+class WorkerState:
+    address: WorkerAddress
+    healthy: bool = False
+    failures: int = 0
+    info: dict[str, Any] = field(default_factory=dict)  # the last /health body
+    load: Load | None = None
+    inflight: int = 0
+
+    @property
+    def url(self) -> str:
+        return self.address.url
+
+    @property
+    def host(self) -> str:
+        return urlsplit(self.url).hostname or "127.0.0.1"
+
+    @property
+    def agent(self) -> str | None:
+        return self.info.get("agent")
+
+    @property
+    def events_endpoint(self) -> str | None:
+        port = self.info.get("events_port")
+        return f"tcp://{self.host}:{port}" if port else None
+
+    @property
+    def endpoint(self) -> str | None:
+        port = self.info.get("zmq_port")
+        return f"tcp://{self.host}:{port}" if port and self.address.role == "prefill" else None
+
+    def describe(self) -> dict[str, Any]:
+        """The `/workers` entry."""
+        load = self.load
+        return {
+            "role": self.address.role,
+            "url": self.url,
+            "metrics_url": f"{self.url}/metrics",
+            "healthy": self.healthy,
+            "revision": self.info.get("revision"),
+            "agent": self.agent,
+            "load": {
+                "inflight": self.inflight,
+                "running": load.running if load else None,
+                "waiting": load.waiting if load else None,
+                "free_blocks": load.free_blocks if load else None,
+                "total_blocks": load.total_blocks if load else None,
+            },
+        }
+
+
+class WorkerPool:
+    """Every known worker by URL."""
+
+    def __init__(self) -> None:
+        self.workers: dict[str, WorkerState] = {}
+
+    def update(self, addresses: list[WorkerAddress]) -> tuple[list[str], list[str]]:
+        """Set the known workers to `addresses`; returns the URLs (added, removed)."""
+        wanted = {a.url: a for a in addresses}
+        removed = [url for url, w in self.workers.items() if wanted.get(url) != w.address]
+        for url in removed:
+            del self.workers[url]
+        added = [url for url in wanted if url not in self.workers]
+        for url in added:
+            self.workers[url] = WorkerState(wanted[url])
+        return added, removed
+
+    def health_ok(self, url: str, info: dict[str, Any]) -> bool:
+        """Record a good /health; returns whether the worker restarted (a new agent)."""
+        worker = self.workers[url]
+        if info.get("role") != worker.address.role:
+            logger.warning(
+                "%s says it is a %s node, not %s", url, info.get("role"), worker.address.role
+            )
+            self.health_failed(url, eject=True)
+            return False
+        restarted = worker.agent is not None and worker.agent != info.get("agent")
+        if not worker.healthy:
+            logger.info("worker %s is healthy", url)
+        worker.healthy, worker.failures, worker.info = True, 0, info
+        return restarted
+
+    def health_failed(self, url: str, eject: bool = False) -> None:
+        """Count a failure; eject after EJECT_AFTER in a row (or at once with `eject`,
+        when a request to it just failed)."""
+        worker = self.workers.get(url)
+        if worker is None:
+            return
+        worker.failures += 1
+        if worker.healthy and (eject or worker.failures >= EJECT_AFTER):
+            logger.warning("worker %s ejected after %d failure(s)", url, worker.failures)
+            worker.healthy = False
+
+    def snapshot(
+        self, overlaps: dict[str, int], exclude: frozenset[str] = frozenset()
+    ) -> tuple[tuple[WorkerView, ...], tuple[WorkerView, ...]]:
+        """Healthy workers as (prefill, decode) views, sorted by URL, without `exclude`."""
+        views: dict[str, list[WorkerView]] = {"prefill": [], "decode": []}
+        for url in sorted(self.workers):
+            w = self.workers[url]
+            if not w.healthy or url in exclude:
+                continue
+            load = w.load or Load(0, 0, 0, 0)
+            views[w.address.role].append(
+                WorkerView(
+                    url,
+                    w.address.role,
+                    str(w.info.get("revision", "")),
+                    w.endpoint,
+                    load.running,
+                    load.waiting,
+                    load.free_blocks,
+                    load.total_blocks,
+                    w.inflight,
+                    overlaps.get(url, 0),
+                )
+            )
+        return tuple(views["prefill"]), tuple(views["decode"])

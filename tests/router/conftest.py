@@ -1,0 +1,69 @@
+"""A real `tandem serve` (router, prefill and decode processes) for the OpenAI-client tests,
+and helpers to start extra routers over the same or other workers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.disagg.nodes import Proc
+
+SERVE_FLAGS = ("--max-model-len", "512", "--num-kv-blocks", "256", "--log-level", "warning")
+
+
+class ServeProc(Proc):
+    """`tandem serve`: its own children on free ports; the router on `http_port`."""
+
+    name = "serve"
+
+    def __init__(self, model: Path, log_dir: Path, *extra: str) -> None:
+        super().__init__(log_dir)
+        self.model, self.extra = model, extra
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-P", "-m", "tandem.engine.cli", "serve",
+            "--model", str(self.model), "--port", str(self.http_port), *self.extra,
+        ]  # fmt: skip
+
+    def workers(self, role: str | None = None) -> list[dict]:
+        found = httpx.get(f"{self.url}/workers", timeout=10).json()
+        return [w for w in found if role is None or w["role"] == role]
+
+
+class RouterProc(Proc):
+    """`tandem router` over static worker URLs."""
+
+    name = "router"
+    ready_path = "/metrics"  # /health is 503 until a decode worker is healthy
+
+    def __init__(
+        self, model: Path, log_dir: Path, prefill: list[str], decode: list[str], *extra: str
+    ) -> None:
+        super().__init__(log_dir)
+        self.model, self.prefill, self.decode, self.extra = model, prefill, decode, extra
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-P", "-m", "tandem.router", "--model", str(self.model),
+            "--port", str(self.http_port), "--log-level", "warning",
+            "--prefill", *self.prefill, "--decode", *self.decode, *self.extra,
+        ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def router_logs(tmp_path_factory):
+    return tmp_path_factory.mktemp("router-logs")
+
+
+@pytest.fixture(scope="package")
+def serve(llama_dir, router_logs):
+    proc = ServeProc(llama_dir, router_logs, "--prefill", "1", "--decode", "1", *SERVE_FLAGS)
+    try:
+        proc.start().wait_ready(timeout=180)
+        yield proc
+    finally:
+        proc.stop()
