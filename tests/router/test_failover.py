@@ -63,7 +63,9 @@ def test_a_dead_decode_worker_before_the_first_token_is_retried_elsewhere(worker
     workers["d2"].kill()
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="x", max_retries=0)
     for _ in range(4):  # round-robin sends one of the first two to the dead worker
-        r = client.completions.create(model="llama", prompt="Hello", max_tokens=4)
+        r = client.completions.create(
+            model="llama", prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True}
+        )
         assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4
     metrics = router.metrics()
     assert metric_value(metrics, "tandem_router_retries_total", reason="decode_failed") == 1
@@ -89,7 +91,9 @@ def test_a_decode_worker_killed_mid_stream_ends_the_stream_with_an_error(workers
     survivor = workers["d2"] if busy[0] is workers["d1"] else workers["d1"]
     assert_clean(survivor, workers["p"])
     # the next request goes to the survivor
-    r = client.completions.create(model="llama", prompt="Again", max_tokens=3)
+    r = client.completions.create(
+        model="llama", prompt="Again", max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert r.usage.completion_tokens == 3
 
 

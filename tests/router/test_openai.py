@@ -94,8 +94,23 @@ def test_n2_with_a_seed_is_reproducible_and_matches_the_engine(client, llm):
     assert texts == [e.text for e in expected]
 
 
+def test_every_sampling_parameter_reaches_the_engine(client, llm):
+    extra = dict(top_k=20, min_p=0.05, repetition_penalty=1.3, min_tokens=5, stop_token_ids=[7])
+    common = dict(max_tokens=12, temperature=0.8, top_p=0.9, seed=5)
+    penalties = dict(presence_penalty=0.5, frequency_penalty=0.3)
+    r = client.completions.create(
+        model=MODEL, prompt=PROMPTS[0], logit_bias={"9": 3.0}, user="u1", extra_body=extra,
+        **common, **penalties,
+    )  # fmt: skip
+    expected = offline(llm, PROMPTS[0], logit_bias={9: 3.0}, **extra, **common, **penalties)
+    assert r.choices[0].text == expected[0].text
+    plain = client.completions.create(model=MODEL, prompt=PROMPTS[0], **common)
+    assert plain.choices[0].text != r.choices[0].text  # the parameters changed something
+
+
 def test_stop_strings_end_the_text_before_the_stop(client):
     args = dict(model=MODEL, prompt=PROMPTS[1], max_tokens=40, temperature=0)
+    args["extra_body"] = {"ignore_eos": True}  # long enough to cut, whatever the model
     full = client.completions.create(**args).choices[0].text
     stop = full[len(full) // 2 : len(full) // 2 + 3]
     cut = client.completions.create(**args, stop=[stop, "\x00never"]).choices[0]
@@ -105,11 +120,12 @@ def test_stop_strings_end_the_text_before_the_stop(client):
 
 
 def test_completion_logprobs_match_the_engine(client, llm):
+    args = dict(max_tokens=8, temperature=0, logprobs=3)
     r = client.completions.create(
-        model=MODEL, prompt=PROMPTS[0], max_tokens=8, temperature=0, logprobs=3
+        model=MODEL, prompt=PROMPTS[0], **args, extra_body={"ignore_eos": True}
     )
     lp = r.choices[0].logprobs
-    expected = offline(llm, PROMPTS[0], max_tokens=8, temperature=0, logprobs=3)[0].logprobs
+    expected = offline(llm, PROMPTS[0], ignore_eos=True, **args)[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == r.usage.completion_tokens == 8
     for got, want, top in zip(lp.token_logprobs, expected, lp.top_logprobs):
         assert math.isclose(got, want.logprob, abs_tol=1e-4)

@@ -26,7 +26,9 @@ def test_a_dying_child_stops_everything(llama_dir, router_logs):
     try:
         serve.start().wait_ready(timeout=120)
         client = openai.OpenAI(base_url=f"{serve.url}/v1", api_key="x", max_retries=0)
-        r = client.completions.create(model="llama", prompt="Hi", max_tokens=3)
+        r = client.completions.create(
+            model="llama", prompt="Hi", max_tokens=3, extra_body={"ignore_eos": True}
+        )
         assert r.usage.completion_tokens == 3  # no prefill worker: the decode node prefilled
         children = subprocess.run(
             ["pgrep", "-P", str(serve.proc.pid)], capture_output=True, text=True
