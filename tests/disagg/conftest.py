@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.disagg.nodes import Node, start_all
+from tests.disagg.nodes import Node, running
 
 PREFILL_TIMEOUT = "2"
 HOLD_TIMEOUT = "5"
@@ -31,12 +31,8 @@ def cluster(llama_dir, node_logs):
         "d_small": Node("decode", llama_dir, node_logs, *common, *decode_flags,
                         "--num-kv-blocks", "12"),
     }  # fmt: skip
-    try:
-        start_all(*nodes.values())
+    with running(nodes):
         yield nodes
-    finally:
-        for node in nodes.values():
-            node.stop()
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -109,6 +111,17 @@ class Node(Proc):
 
     def kv(self) -> dict:
         return httpx.get(f"{self.url}/debug/kv", timeout=10).json()
+
+
+@contextlib.contextmanager
+def running(nodes: dict[str, Proc]) -> Iterator[dict[str, Proc]]:
+    """Start every process, wait until all are ready; stop them all on the way out."""
+    try:
+        start_all(*nodes.values())
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.stop()
 
 
 def start_all(*nodes: Proc) -> None:

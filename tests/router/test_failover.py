@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.disagg.nodes import Node, assert_clean, metric_value, start_all, wait_until
+from tests.disagg.nodes import Node, assert_clean, metric_value, running, wait_until
 from tests.router.conftest import RouterProc
 
 FLAGS = ("--max-model-len", "512", "--num-kv-blocks", "128", "--max-num-batched-tokens", "256")
@@ -21,12 +21,8 @@ def workers(llama_dir, router_logs):
         "d1": Node("decode", llama_dir, router_logs, *FLAGS),
         "d2": Node("decode", llama_dir, router_logs, *FLAGS),
     }
-    try:
-        start_all(*nodes.values())
+    with running(nodes):
         yield nodes
-    finally:
-        for node in nodes.values():
-            node.stop()
 
 
 @pytest.fixture
