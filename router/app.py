@@ -12,7 +12,7 @@ import contextlib
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
@@ -35,7 +35,7 @@ from tandem.router.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from tandem.router.responses import ChatFormat, CompletionFormat
+from tandem.router.responses import ChatFormat, CompletionFormat, Format
 from tandem.router.workers import WorkerPool
 
 
@@ -100,11 +100,9 @@ class Router:
         if not any(secrets.compare_digest(key, k) for k in self.options.api_keys):
             raise Unauthorized("a valid API key is required (Authorization: Bearer <key>)")
 
-    def _check_model(self, model: str | None) -> str:
-        name = self.pre.limits.name
-        if model is not None and model != name:
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.pre.limits.name:
             raise ModelNotFound(f"The model `{model}` does not exist.", "model")
-        return name
 
     # -- generation -----------------------------------------------------------------------
 
@@ -116,15 +114,16 @@ class Router:
         if req.echo and req.logprobs is not None:
             raise APIError("echo with logprobs needs prompt logprobs, not supported", "echo")
         prompts = self.pre.completion_prompts(req)
-        jobs, echoes = self._jobs("cmpl", req, prompts, req.max_tokens, req.logprobs)
+        response_id = f"cmpl-{uuid.uuid4().hex}"
+        jobs = self._jobs(response_id, req, prompts, req.max_tokens, req.logprobs)
+        echoes = None
         if req.echo:
-            echoes = [
-                p.text if p.text is not None else self.pre.tokenizer.decode(p.token_ids)
-                for p in prompts
-                for _ in range(req.n)
+            texts = [
+                p.text if p.text is not None else self.pre.detokenize(p.token_ids) for p in prompts
             ]
+            echoes = [text for text in texts for _ in range(req.n)]
         fmt = CompletionFormat(self.pre, req.logprobs is not None)
-        return self._generation(jobs[0].request_id, req, fmt, jobs, echoes, prompts)
+        return self._generation(response_id, req, fmt, jobs, prompts, echoes)
 
     def _chat(self, req: ChatCompletionRequest) -> Generation:
         if req.top_logprobs is not None and not req.logprobs:
@@ -132,37 +131,41 @@ class Router:
         prompt = self.pre.chat_prompt(req)
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens or req.max_tokens
-        jobs, echoes = self._jobs("chatcmpl", req, [prompt], max_tokens, logprobs)
+        response_id = f"chatcmpl-{uuid.uuid4().hex}"
+        jobs = self._jobs(response_id, req, [prompt], max_tokens, logprobs)
         fmt = ChatFormat(self.pre, req.logprobs)
-        return self._generation(jobs[0].request_id, req, fmt, jobs, echoes, [prompt])
+        return self._generation(response_id, req, fmt, jobs, [prompt])
 
     def _jobs(
         self,
-        kind: str,
+        response_id: str,
         req: CompletionRequest | ChatCompletionRequest,
         prompts: list[Prompt],
         max_tokens: int | None,
         logprobs: int | None,
-    ) -> tuple[list[Job], list[str]]:
-        """One job per choice, ids `<kind>-<hex>-<choice>`; and no echo prefixes."""
-        base = f"{kind}-{uuid.uuid4().hex}"
+    ) -> list[Job]:
+        """One job per choice, request ids `<response id>-<choice index>`."""
         jobs = []
         for p_index, prompt in enumerate(prompts):
             choices = self.pre.sampling(req, prompt, max_tokens, logprobs)
             for c_index, sampling in enumerate(choices):
-                rid = f"{base}-{p_index * req.n + c_index}"
+                rid = f"{response_id}-{p_index * req.n + c_index}"
                 jobs.append(Job(rid, prompt, sampling, req.cache_salt))
-        return jobs, [""] * len(jobs)
+        return jobs
 
-    def _generation(self, first_id, req, fmt, jobs, echoes, prompts) -> Generation:
-        model = self.pre.limits.name
-        response_id = first_id.rsplit("-", 1)[0]
+    def _generation(
+        self,
+        response_id: str,
+        req: CompletionRequest | ChatCompletionRequest,
+        fmt: Format,
+        jobs: list[Job],
+        prompts: list[Prompt],
+        echoes: list[str] | None = None,
+    ) -> Generation:
         num_prompt = sum(len(p.token_ids) for p in prompts)
-        return Generation(response_id, model, fmt, jobs, echoes, num_prompt, req.include_usage)
-
-    async def _generate(self, request: Request, build: Callable[[], Generation], stream: bool):
-        self.runner.check_capacity()  # before tokenizing: shed load cheaply
-        return await self.runner.respond(build(), stream, request)
+        echoes = echoes or [""] * len(jobs)
+        name = self.pre.limits.name
+        return Generation(response_id, name, fmt, jobs, echoes, num_prompt, req.include_usage)
 
     # -- routes ---------------------------------------------------------------------------
 
@@ -176,12 +179,12 @@ class Router:
         @app.post("/v1/completions")
         async def completions(req: CompletionRequest, request: Request) -> Response:
             self._check_model(req.model)
-            return await self._generate(request, lambda: self._completion(req), req.stream)
+            return await self.runner.respond(lambda: self._completion(req), req.stream, request)
 
         @app.post("/v1/chat/completions")
         async def chat(req: ChatCompletionRequest, request: Request) -> Response:
             self._check_model(req.model)
-            return await self._generate(request, lambda: self._chat(req), req.stream)
+            return await self.runner.respond(lambda: self._chat(req), req.stream, request)
 
         @app.get("/v1/models")
         async def models() -> Response:

@@ -23,7 +23,7 @@ from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 from tandem.router.policy import Policy, Route, RouteRequest, Snapshot
 from tandem.router.preprocess import Prompt
-from tandem.router.workers import WorkerPool
+from tandem.router.workers import WorkerPool, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -128,10 +128,10 @@ class Dispatcher:
             "prefill_alternates": [p.endpoint for p in route.alternates if p.endpoint],
             "cache_salt": job.cache_salt,
         }
-        workers = [self.pool.workers.get(w.url) for w in (decode, prefill) if w is not None]
-        for w in workers:
-            if w is not None:
-                w.inflight += 1
+        # the router's own load counts: prefill until the first record, decode until the end
+        decode_state = self.pool.workers.get(decode.url)
+        prefill_state = self.pool.workers.get(prefill.url) if prefill else None
+        _count(+1, decode_state, prefill_state)
         finished = False
         try:
             async with self.http.stream("POST", f"{decode.url}/generate", json=body) as r:
@@ -140,8 +140,8 @@ class Dispatcher:
                     if not line:
                         continue
                     record = json.loads(line)
-                    self._release(workers[1:])  # the prefill part is over
-                    workers = workers[:1]
+                    _count(-1, prefill_state)  # the prefill part is over
+                    prefill_state = None
                     finished = record["finish_reason"] is not None
                     if record.get("error"):
                         raise WorkerFailed(record["error"])
@@ -151,7 +151,7 @@ class Dispatcher:
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             raise WorkerFailed(f"{decode.url}: {exc!r}") from exc
         finally:
-            self._release(workers)
+            _count(-1, decode_state, prefill_state)
             if not finished:
                 self._abort(decode.url, job.request_id)
 
@@ -167,11 +167,6 @@ class Dispatcher:
             raise InvalidRequest(message)
         raise WorkerFailed(f"status {r.status_code}: {message}")
 
-    def _release(self, workers: list) -> None:
-        for w in workers:
-            if w is not None:
-                w.inflight -= 1
-
     def _abort(self, url: str, request_id: str) -> None:
         """Tell the decode worker to drop the request (fire and forget: it also notices
         the closed stream)."""
@@ -183,3 +178,9 @@ class Dispatcher:
         task = asyncio.get_running_loop().create_task(send())
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
+
+
+def _count(delta: int, *workers: WorkerState | None) -> None:
+    for worker in workers:
+        if worker is not None:
+            worker.inflight += delta

@@ -67,17 +67,17 @@ class GenerationRunner:
         self.max_inflight = max_inflight
         self.inflight = 0
 
-    def check_capacity(self) -> None:
-        """Raise TooManyRequests when saturated (call before the costly preprocessing)."""
+    async def respond(
+        self, build: Callable[[], Generation], stream: bool, http: HttpRequest
+    ) -> Response:
+        """The whole answer, or a stream. Saturation (429) is checked before `build` runs,
+        so overload is shed before any tokenizing; the generation counts as in flight until
+        the answer or the stream is over."""
         if self.inflight >= self.max_inflight:
             raise TooManyRequests(
                 f"{self.inflight} requests are in flight; retry later", retry_after=1
             )
-
-    async def respond(self, gen: Generation, stream: bool, http: HttpRequest) -> Response:
-        """The whole answer, or a stream; the generation counts as in flight until the
-        answer or the stream is over."""
-        self.check_capacity()
+        gen = build()  # no await between the check and _enter: the count is exact
         self._enter()
         streaming = False
         try:

@@ -56,7 +56,6 @@ class CompletionFormat:
 
     def choice(self, state: ChoiceState) -> dict[str, Any]:
         """The whole choice (non-streaming)."""
-        state.text_offset = 0
         return {
             "index": state.index,
             "text": state.prefix + state.text,

@@ -65,8 +65,7 @@ def test_kv_aware_trades_cached_prefix_against_queue():
     # p1 has nothing cached and an empty queue (cost 8): p1 wins.
     prefill = (view("p0", "prefill", overlap_blocks=8, waiting=2), view("p1", "prefill"))
     assert kv_aware(Snapshot(prefill, D), REQ).prefill.url == "p1"
-    # with one queued request p0 costs 8 + 0 = 8, a tie broken by rotation; with half the
-    # prompt cached and nothing queued it is strictly better.
+    # with half the prompt cached and nothing queued, p0 (cost 4) beats p1 (cost 8)
     prefill = (view("p0", "prefill", overlap_blocks=4), view("p1", "prefill"))
     assert kv_aware(Snapshot(prefill, D), REQ).prefill.url == "p0"
 
