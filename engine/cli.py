@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 
 # subcommand -> (module with add_arguments(parser) and run(args), help)
@@ -16,18 +17,50 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "decode": ("tandem.decode_node.cli", "run a decode node"),
     "router": ("tandem.router.cli", "run the OpenAI-compatible router"),
     "serve": ("tandem.router.serve", "run router, prefill and decode locally"),
+    "operator": ("tandem.operator.cli", "run the Kubernetes operator for LLMDeployments"),
 }
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="tandem", description="Disaggregated LLM serving.")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub_parsers = {}
     for name, (module, help_text) in COMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text)
+        sub_parser = sub_parsers[name] = sub.add_parser(name, help=help_text)
         sub_parser.set_defaults(module=module)
         importlib.import_module(module).add_arguments(sub_parser)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        sub_parser.add_argument(
+            "--config", metavar="FILE",
+            help="JSON object of flag -> value, e.g. {\"http-port\": 8000}; "
+            "flags given on the command line win",
+        )  # fmt: skip
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(argv)
+    if args.config:
+        apply_config(sub_parsers[args.command], args.config)
+        args = parser.parse_args(argv)
     importlib.import_module(args.module).run(args)
+
+
+def apply_config(parser: argparse.ArgumentParser, path: str) -> None:
+    """Make the flags in the JSON file at `path` the parser's defaults (the operator's
+    ConfigMap holds one such file per role). Unknown flags and bad choices are errors."""
+    try:
+        with open(path) as f:
+            values = json.load(f)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--config {path}: {exc}")
+    if not isinstance(values, dict):
+        parser.error(f"--config {path}: must hold a JSON object")
+    actions = {a.dest: a for a in parser._actions}
+    for flag, value in values.items():
+        action = actions.get(flag.replace("-", "_"))
+        if action is None or not action.option_strings or flag in ("config", "help"):
+            parser.error(f"--config {path}: unknown flag {flag!r}")
+        if action.choices is not None and value not in action.choices:
+            parser.error(f"--config {path}: {flag} must be one of {list(action.choices)}")
+        action.required = False
+        parser.set_defaults(**{action.dest: value})
 
 
 if __name__ == "__main__":

@@ -1,1 +1,5 @@
-"""kopf operator for the LLMDeployment custom resource (arrives with issue 5)."""
+"""The Kubernetes operator: LLMDeployment -> router, prefill and decode pools.
+
+`render(llmd)` (pure) lives in `tandem.operator.render`; `tandem operator` runs the
+reconcile under kopf.
+"""

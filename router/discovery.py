@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -68,11 +69,16 @@ class EndpointSliceDiscovery:
     def __init__(self, selector: str, namespace: str | None = None, refresh_s: float = 5.0) -> None:
         from kubernetes import client, config
 
+        # An own Configuration, not the client's global default; $KUBECONFIG read now (the
+        # client reads it once, at import).
+        configuration = client.Configuration()
         try:
-            config.load_incluster_config()
+            config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            config.load_kube_config()
-        self.api = client.DiscoveryV1Api()
+            config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
+            )
+        self.api = client.DiscoveryV1Api(client.ApiClient(configuration))
         self.selector = selector
         self.namespace = namespace or _default_namespace()
         self.refresh_s = refresh_s

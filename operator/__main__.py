@@ -1,0 +1,3 @@
+from tandem.operator.cli import main
+
+main()

@@ -1,0 +1,89 @@
+"""Who may do what: the router's ServiceAccount with the one permission its discovery
+uses (list EndpointSlices), and the NetworkPolicy that opens the nodes' ports only to the
+pods that need them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.operator.names import (
+    DEPLOYMENT_LABEL,
+    EVENTS_PORT,
+    HTTP_PORT,
+    NIXL_PORT_RANGE,
+    ROLE_LABEL,
+    ZMQ_PORT,
+    child_name,
+    labels,
+    selector,
+)
+from tandem.operator.spec import LLMDeploymentSpec
+
+ROUTER_RULES = [
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list"]}
+]
+
+
+def router_identity(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding, all named `<name>-router`."""
+    name = child_name(spec.name, "router")
+    meta = {"name": name, "labels": labels(spec.name, "router")}
+    subject = {"kind": "ServiceAccount", "name": name, "namespace": spec.namespace}
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+    rbac = "rbac.authorization.k8s.io/v1"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
+        {"apiVersion": rbac, "kind": "Role", "metadata": dict(meta), "rules": ROUTER_RULES},
+        {
+            "apiVersion": rbac,
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "subjects": [subject],
+            "roleRef": role_ref,
+        },
+    ]
+
+
+def node_network_policy(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    """Ingress to prefill and decode pods: HTTP and KV events from the router; ZMQ, KV
+    events and NIXL (UCX's TCP port range) from each other; /metrics from the scraper's
+    namespace when a PodMonitor is rendered. Everything else is dropped."""
+    tcp = "TCP"
+    low, high = NIXL_PORT_RANGE
+    ingress = [
+        {
+            "from": [{"podSelector": {"matchLabels": selector(spec.name, "router")}}],
+            "ports": [{"protocol": tcp, "port": HTTP_PORT}, {"protocol": tcp, "port": EVENTS_PORT}],
+        },
+        {
+            "from": [{"podSelector": _nodes(spec)}],
+            "ports": [
+                {"protocol": tcp, "port": ZMQ_PORT},
+                {"protocol": tcp, "port": EVENTS_PORT},
+                {"protocol": tcp, "port": low, "endPort": high},
+            ],
+        },
+    ]
+    if spec.pod_monitor is not None:
+        namespace = {"kubernetes.io/metadata.name": spec.pod_monitor.scraper_namespace}
+        ingress.append(
+            {
+                "from": [{"namespaceSelector": {"matchLabels": namespace}}],
+                "ports": [{"protocol": tcp, "port": HTTP_PORT}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": child_name(spec.name, "nodes"), "labels": labels(spec.name, "nodes")},
+        "spec": {"podSelector": _nodes(spec), "policyTypes": ["Ingress"], "ingress": ingress},
+    }
+
+
+def _nodes(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    return {
+        "matchLabels": {DEPLOYMENT_LABEL: spec.name},
+        "matchExpressions": [
+            {"key": ROLE_LABEL, "operator": "In", "values": ["prefill", "decode"]}
+        ],
+    }

@@ -1,0 +1,152 @@
+"""The operator's only door to the API server: server-side apply, list, get, delete, status
+and events over REST, through the official client's configuration and authentication.
+
+Paths come from `tandem.operator.kinds`, so the verbs used here are exactly the ones the
+chart's RBAC grants.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+from tandem.operator.kinds import EVENT, LLM_DEPLOYMENT, Kind, child_kind
+from tandem.operator.names import FIELD_MANAGER
+
+logger = logging.getLogger(__name__)
+
+APPLY = "application/apply-patch+yaml"  # JSON is YAML: the body is sent as JSON
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class KubeApi:
+    """Synchronous calls; kopf runs the reconcile in a worker thread."""
+
+    def __init__(self, api_client: Any) -> None:
+        self.client = api_client
+
+    @classmethod
+    def from_environment(cls) -> KubeApi:
+        """In-cluster service account, else $KUBECONFIG / ~/.kube/config; the client's
+        global default configuration is left alone."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(
+                config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
+            )
+        return cls(client.ApiClient(configuration))
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Server-side apply under the field manager `tandem-operator`, taking over fields
+        another manager set (the operator owns its children)."""
+        meta = obj["metadata"]
+        path = child_kind(obj).path(meta["namespace"], meta["name"])
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        return self._call("PATCH", path, query, obj, APPLY)
+
+    def apply_status(self, llmd: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        meta = llmd["metadata"]
+        path = LLM_DEPLOYMENT.path(meta["namespace"], meta["name"], "status")
+        body = {
+            "apiVersion": LLM_DEPLOYMENT.api_version,
+            "kind": LLM_DEPLOYMENT.kind,
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "status": status,
+        }
+        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        return self._call("PATCH", path, query, body, APPLY)
+
+    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call("GET", kind.path(namespace, name))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        body = self._call("GET", kind.path(namespace), [("labelSelector", label_selector)])
+        return body.get("items") or []
+
+    def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", kind.path(namespace), body=body)
+
+    def replace(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT with the body's resourceVersion: 409 when someone else wrote first."""
+        return self._call("PUT", kind.path(namespace, body["metadata"]["name"]), body=body)
+
+    def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> None:
+        """Delete that very object (a uid precondition), its dependents in the background."""
+        body = {"propagationPolicy": "Background", "preconditions": {"uid": uid}}
+        try:
+            self._call("DELETE", kind.path(namespace, name), body=body)
+        except ApiError as exc:
+            if exc.status not in (404, 409):  # already gone, or replaced by a new object
+                raise
+
+    def event(self, llmd: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        meta = llmd["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": LLM_DEPLOYMENT.api_version,
+                "kind": LLM_DEPLOYMENT.kind,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid", ""),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._call("POST", EVENT.path(meta["namespace"]), body=body)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        _, url, headers, body, _ = self.client.param_serialize(
+            method, path, query_params=query or [], header_params=headers, body=body,
+            auth_settings=["BearerToken"],
+        )  # fmt: skip
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            response = self.client.call_api(method, url, headers, body)
+        except ApiException as exc:  # no connection, or 429 after the client's retries
+            raise ApiError(exc.status or 503, str(exc.reason)) from exc
+        data = response.read() or b"{}"
+        if response.status >= 400:
+            raise ApiError(response.status, _message(data))
+        return json.loads(data)
+
+
+def _message(data: bytes) -> str:
+    try:
+        return json.loads(data).get("message", "")
+    except (ValueError, AttributeError):
+        return data[:200].decode(errors="replace")

@@ -1,0 +1,70 @@
+"""The operator's Prometheus metrics and its probe endpoint, served on one port:
+`/metrics`, and `/healthz` (alive, leading or standing by)."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.reconciles = Counter(
+            "tandem_operator_reconciles_total",
+            "Reconciles by trigger and result (success, invalid, error).",
+            ("trigger", "result"),
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "tandem_operator_reconcile_seconds", "Time of one reconcile.",
+            registry=registry, buckets=RECONCILE_BUCKETS,
+        )  # fmt: skip
+        self.applied = Counter(
+            "tandem_operator_applied_objects_total", "Child objects applied.", registry=registry
+        )
+        self.pruned = Counter(
+            "tandem_operator_pruned_objects_total", "Child objects deleted.", registry=registry
+        )
+        self.leader = Gauge(
+            "tandem_operator_leader", "1 while this replica holds the lease.", registry=registry
+        )
+
+
+def serve_probes(registry: CollectorRegistry, host: str, port: int) -> ThreadingHTTPServer:
+    """Start the `/metrics` and `/healthz` server in a daemon thread; returns it (for
+    `.server_address` and `.shutdown()`)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/healthz":
+                self._send(200, b"ok\n", "text/plain")
+            elif self.path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            else:
+                self._send(404, b"not found\n", "text/plain")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="probes", daemon=True).start()
+    return server

@@ -1,0 +1,57 @@
+"""Names, labels and ports shared by every child of one LLMDeployment. The router finds
+its workers through these labels (`tandem.dev/role` on each Service, copied by Kubernetes
+onto its EndpointSlices) and port names (`http`), so they are defined once, here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+GROUP = "tandem.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "LLMDeployment"
+PLURAL = "llmdeployments"
+FIELD_MANAGER = "tandem-operator"
+
+DEPLOYMENT_LABEL = "tandem.dev/deployment"
+ROLE_LABEL = "tandem.dev/role"
+REVISION_LABEL = "tandem.dev/revision"
+CONFIG_HASH_ANNOTATION = "tandem.dev/config-hash"
+
+HTTP_PORT = 8000
+ZMQ_PORT = 5557  # prefill: ROUTER socket taking prefill requests from decode pods
+EVENTS_PORT = 5558  # prefill and decode: PUB socket of KV events and load
+# UCX picks its TCP listening ports from this range (UCX_TCP_PORT_RANGE), so that the
+# NetworkPolicy can open NIXL's data path between nodes and nothing else.
+NIXL_PORT_RANGE = (20000, 20999)
+CONFIG_DIR = "/etc/tandem"
+MODEL_DIR = "/models"
+
+
+def child_name(deployment: str, role: str) -> str:
+    return f"{deployment}-{role}"
+
+
+def selector(deployment: str, role: str) -> dict[str, str]:
+    """The immutable label selector of one role's pods (never includes the revision)."""
+    return {DEPLOYMENT_LABEL: deployment, ROLE_LABEL: role}
+
+
+def labels(deployment: str, component: str) -> dict[str, str]:
+    """Labels on every child object; `component` is a role or a shared part."""
+    return {
+        "app.kubernetes.io/name": "tandem",
+        "app.kubernetes.io/instance": deployment,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+        DEPLOYMENT_LABEL: deployment,
+        **({ROLE_LABEL: component} if component in ("router", "prefill", "decode") else {}),
+    }
+
+
+def short_hash(value: Any) -> str:
+    """A stable 10-hex-digit digest of a JSON-serialisable value."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]

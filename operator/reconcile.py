@@ -1,0 +1,132 @@
+"""One idempotent reconcile: render, apply, prune, observe, write status.
+
+It is level-based: it never asks what changed, only what should exist, so running it
+twice, or after a missed event, or on a timer, converges to the same state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from tandem.operator.kinds import CHILD_KINDS, DEPLOYMENT, child_kind
+from tandem.operator.kube import ApiError, KubeApi
+from tandem.operator.names import DEPLOYMENT_LABEL, FIELD_MANAGER, child_name
+from tandem.operator.render import active_roles, render
+from tandem.operator.spec import parse
+from tandem.operator.status import ROLE_ORDER, Observation, compute_status, router_url
+
+logger = logging.getLogger(__name__)
+
+# Kinds served by an optional add-on: missing from a cluster, they are skipped with an event.
+OPTIONAL_GROUPS = {"monitoring.coreos.com"}
+
+
+@dataclass
+class Outcome:
+    """What one reconcile did, for logs, metrics and tests."""
+
+    applied: list[str] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    spec_error: str | None = None
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Reconciler:
+    def __init__(self, api: KubeApi, now: Callable[[], str] = utc_now) -> None:
+        self.api = api
+        self.now = now
+        self._warned: set[tuple[str, str]] = set()  # (uid, message) already sent as Events
+
+    def reconcile(self, llmd: dict[str, Any]) -> Outcome:
+        """Bring the children of `llmd` to what its spec renders and write its status.
+        An invalid spec changes no child: it sets SpecValid=False and emits one Event per
+        new message. Raises ApiError when the API server refuses a required call."""
+        outcome = Outcome()
+        try:
+            objects = render(llmd)
+        except ValueError as exc:
+            outcome.spec_error = str(exc)
+            self._report_invalid(llmd, outcome.spec_error)
+        else:
+            self._apply(llmd, objects, outcome)
+            self._prune(llmd, objects, outcome)
+        outcome.status = compute_status(self._observe(llmd, outcome.spec_error), self.now())
+        self.api.apply_status(llmd, outcome.status)
+        return outcome
+
+    def _apply(self, llmd: dict[str, Any], objects: list[dict], outcome: Outcome) -> None:
+        for obj in objects:
+            try:
+                self.api.apply(obj)
+                outcome.applied.append(_key(obj))
+            except ApiError as exc:
+                if exc.status != 404 or child_kind(obj).group not in OPTIONAL_GROUPS:
+                    raise
+                outcome.skipped.append(_key(obj))
+                self._warn_once(llmd, "MissingAPI", f"{obj['kind']} is not served here: {exc}")
+
+    def _prune(self, llmd: dict[str, Any], objects: list[dict], outcome: Outcome) -> None:
+        """Delete children this resource controls that render() no longer produces."""
+        meta = llmd["metadata"]
+        wanted = {_key(obj) for obj in objects}
+        selector = f"{DEPLOYMENT_LABEL}={meta['name']},app.kubernetes.io/managed-by={FIELD_MANAGER}"
+        for kind in CHILD_KINDS:
+            try:
+                items = self.api.list(kind, meta["namespace"], selector)
+            except ApiError as exc:
+                if exc.status == 404 and kind.group in OPTIONAL_GROUPS:
+                    continue
+                raise
+            for item in items:
+                key = f"{kind.kind}/{item['metadata']['name']}"
+                if key not in wanted and _controlled_by(item, meta.get("uid")):
+                    self.api.delete(kind, meta["namespace"], item["metadata"]["name"],
+                                    item["metadata"]["uid"])  # fmt: skip
+                    outcome.pruned.append(key)
+
+    def _observe(self, llmd: dict[str, Any], spec_error: str | None) -> Observation:
+        meta, previous = llmd["metadata"], llmd.get("status") or {}
+        found = {
+            role: self.api.get(DEPLOYMENT, meta["namespace"], child_name(meta["name"], role))
+            for role in ROLE_ORDER
+        }
+        if spec_error is None:
+            spec = parse(llmd)
+            url = router_url(spec.name, spec.namespace, spec.router.service_port)
+            deployments = {role: found[role] for role in active_roles(spec)}
+        else:  # the spec cannot say what should exist: report what does
+            url, deployments = "", {r: d for r, d in found.items() if d is not None}
+        return Observation(meta.get("generation", 0), deployments, url, spec_error, previous)
+
+    def _report_invalid(self, llmd: dict[str, Any], message: str) -> None:
+        logger.warning("%s/%s: invalid spec: %s", llmd["metadata"].get("namespace"),
+                       llmd["metadata"].get("name"), message)  # fmt: skip
+        self._warn_once(llmd, "InvalidSpec", message)
+
+    def _warn_once(self, llmd: dict[str, Any], reason: str, message: str) -> None:
+        """An Event unless this message was sent before or the status already reports it
+        (the timer would otherwise repeat it every interval)."""
+        conditions = (llmd.get("status") or {}).get("conditions") or []
+        key = (llmd["metadata"].get("uid", ""), message)
+        if key in self._warned or any(c.get("message") == message for c in conditions):
+            return
+        self._warned.add(key)
+        self.api.event(llmd, "Warning", reason, message)
+
+
+def _controlled_by(obj: dict[str, Any], uid: str | None) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("controller") and ref.get("uid") == uid for ref in refs)
+
+
+def _key(obj: dict[str, Any]) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"

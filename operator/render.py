@@ -1,0 +1,106 @@
+"""`render(llmd) -> objects`: every child of one LLMDeployment, pure and deterministic.
+
+No Kubernetes client is imported here: the reconcile applies what this returns, the tests
+compare it with golden files, and `tandem operator --render FILE` prints it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.operator.access import node_network_policy, router_identity
+from tandem.operator.engine_config import config_data, revision
+from tandem.operator.names import (
+    API_VERSION,
+    DEPLOYMENT_LABEL,
+    KIND,
+    child_name,
+    labels,
+    short_hash,
+)
+from tandem.operator.spec import LLMDeploymentSpec, parse
+from tandem.operator.workloads import autoscaler, deployment, disruption_budget, service
+
+
+def render(llmd: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every child object, namespaced and owned by `llmd` (when it carries a uid).
+
+    Raises ValueError naming the field (`spec.decode.replicas: ...`) for an invalid spec;
+    nothing is rendered then, so nothing is changed.
+    """
+    spec = parse(llmd)
+    roles = active_roles(spec)
+    config = config_data(spec, roles)
+    rev, config_hash = revision(spec), short_hash(config)
+    objects = [_config_map(spec, config), *router_identity(spec), node_network_policy(spec)]
+    for role in roles:
+        objects += _role_objects(spec, role, rev, config_hash)
+    if spec.pod_monitor is not None:
+        objects.append(_pod_monitor(spec))
+    return [_owned(obj, spec) for obj in objects]
+
+
+def active_roles(spec: LLMDeploymentSpec) -> list[str]:
+    """Roles with pods: prefill is left out at 0 replicas (decode then prefills locally)."""
+    prefill = spec.prefill.replicas > 0 or spec.prefill.scaling is not None
+    return ["router", *(["prefill"] if prefill else []), "decode"]
+
+
+def _role_objects(
+    spec: LLMDeploymentSpec, role: str, rev: str, config_hash: str
+) -> list[dict[str, Any]]:
+    objects = [
+        deployment(spec, role, rev, config_hash),
+        service(spec, role),
+        disruption_budget(spec, role),
+    ]
+    if (scaling := spec.pool(role).scaling) is not None:
+        objects.append(autoscaler(spec, role, scaling))
+    return objects
+
+
+def _config_map(spec: LLMDeploymentSpec, data: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": child_name(spec.name, "config"),
+            "labels": labels(spec.name, "config"),
+        },
+        "data": data,
+    }
+
+
+def _pod_monitor(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    monitor = spec.pod_monitor
+    endpoint = {"port": "http", "path": "/metrics", "interval": monitor.interval}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": spec.name,
+            "labels": labels(spec.name, "monitoring") | monitor.labels,
+        },
+        "spec": {
+            "selector": {"matchLabels": {DEPLOYMENT_LABEL: spec.name}},
+            "podMetricsEndpoints": [endpoint],
+        },
+    }
+
+
+def _owned(obj: dict[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+    meta = obj["metadata"] = {
+        "name": obj["metadata"]["name"], "namespace": spec.namespace, **obj["metadata"]
+    }  # fmt: skip
+    if spec.uid:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": spec.name,
+                "uid": spec.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return obj

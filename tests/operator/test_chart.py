@@ -1,0 +1,192 @@
+"""The Helm chart through helm-python-sdk: lint, render with default and full values,
+strict validation, RBAC equal to what the operator uses, and dashboards whose every
+expression names a metric the code exports."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+from prometheus_client import CollectorRegistry
+
+from tandem.engine.metrics import NodeMetrics
+from tandem.operator.kinds import permissions
+from tandem.operator.metrics import OperatorMetrics
+from tandem.router.metrics import RouterMetrics
+from tests.operator.crd_schema import ROOT
+
+CHART = ROOT / "charts" / "tandem"
+FULL_VALUES = {
+    "replicas": 2,
+    "watchNamespaces": ["inference", "staging"],
+    "image": {"tag": "0.1.1"},
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "ops", "operator": "Exists", "effect": "NoSchedule"}],
+    "metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+    "dashboards": {"namespace": "monitoring"},
+}
+VALUES = {"default": None, "full": FULL_VALUES}
+DESIGN_METRICS = [  # design §7
+    "tandem_time_to_first_token_seconds",
+    "tandem_inter_token_latency_seconds",
+    "tandem_e2e_request_latency_seconds",
+    "tandem_request_queue_time_seconds",
+    "tandem_num_requests_running",
+    "tandem_num_requests_waiting",
+    "tandem_kv_cache_usage_ratio",
+    "tandem_prefix_cache_queries_total",
+    "tandem_prefix_cache_hits_total",
+    "tandem_prompt_tokens_total",
+    "tandem_generation_tokens_total",
+    "tandem_num_preemptions_total",
+    "tandem_kv_transfer_seconds",
+    "tandem_kv_transfer_bytes_total",
+    "tandem_kv_transfer_blocks_total",
+    "tandem_kv_transfer_failures_total",
+    "tandem_disagg_decisions_total",
+    "tandem_prefill_fallbacks_total",
+]
+
+
+def rendered(values):
+    chart = helm.Chart.load(str(CHART))
+    manifests = chart.render(values, name="tandem", namespace="tandem-system", is_install=True)
+    return [doc for name, text in sorted(manifests.items()) if name.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc]  # fmt: skip
+
+
+@pytest.mark.parametrize("values", VALUES.values(), ids=VALUES.keys())
+def test_lint_is_clean(values):
+    report = helm.lint(str(CHART), values, strict=True, kube_version="v1.30.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize("version", ["1.30.0", f"{latest_version()}.0"])
+@pytest.mark.parametrize("values", VALUES.values(), ids=VALUES.keys())
+def test_rendered_objects_are_valid(values, version):
+    kinds = []
+    for obj in rendered(values):
+        kinds.append(obj["kind"])
+        if obj["kind"] != "PodMonitor":
+            kubernetes_validate.validate(obj, version, strict=True)
+    assert {"Deployment", "ServiceAccount", "ConfigMap", "RoleBinding"} <= set(kinds)
+
+
+def test_the_crd_is_in_the_chart():
+    (crd,) = helm.Chart.load(str(CHART)).crds
+    assert yaml.safe_load(crd["data"]) == yaml.safe_load(
+        (ROOT / "crds" / "llmdeployment.yaml").read_text()
+    )
+
+
+def _rules(objects, kinds):
+    granted = set()
+    for obj in objects:
+        if obj["kind"] in kinds:
+            for rule in obj["rules"]:
+                assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+                granted |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"]
+                            for v in rule["verbs"]}  # fmt: skip
+    return granted
+
+
+def test_cluster_wide_rbac_is_exactly_what_the_operator_uses():
+    objects = rendered(None)
+    assert _rules(objects, {"ClusterRole", "Role"}) == permissions()
+    (operator,) = [o for o in objects if o["kind"] == "Deployment"]
+    assert "--all-namespaces" in operator["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_namespaced_mode_grants_only_the_watched_namespaces():
+    objects = rendered(FULL_VALUES)
+    assert not any(o["kind"] in ("ClusterRole", "ClusterRoleBinding") for o in objects)
+    for namespace in ("inference", "staging"):
+        in_namespace = [o for o in objects if o["metadata"].get("namespace") == namespace]
+        assert _rules(in_namespace, {"Role"}) == permissions() - {
+            p for p in permissions() if p[1] == "leases"
+        }  # fmt: skip
+    leases = [
+        o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("leader")
+    ]
+    assert leases[0]["metadata"]["namespace"] == "tandem-system"
+    (operator,) = [o for o in objects if o["kind"] == "Deployment"]
+    args = operator["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {"--namespace=inference", "--namespace=staging"} <= set(args)
+
+
+def test_operator_pod_is_hardened_and_probed():
+    (operator,) = [o for o in rendered(None) if o["kind"] == "Deployment"]
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert operator["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def exported_metric_names() -> set[str]:
+    """Sample names of every collector the node, router and operator register (the router
+    repeats some node names, so each gets its own registry)."""
+    registries = [
+        NodeMetrics(CollectorRegistry(), "m", "decode", "p").registry,
+        RouterMetrics(CollectorRegistry(), "m", "p").registry,
+        OperatorMetrics(CollectorRegistry()).registry,
+    ]
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+    names = set()
+    for registry in registries:
+        for family in registry.collect():
+            names |= {family.name + s for s in suffixes.get(family.type, [""])}
+    return names
+
+
+def dashboards():
+    return {
+        obj["metadata"]["name"]: yaml.safe_load(next(iter(obj["data"].values())))
+        for obj in rendered(None) if obj["kind"] == "ConfigMap"
+    }  # fmt: skip
+
+
+def test_dashboards_are_configmaps_for_the_grafana_sidecar():
+    objects = [o for o in rendered(FULL_VALUES) if o["kind"] == "ConfigMap"]
+    assert sorted(o["metadata"]["name"] for o in objects) == [
+        "tandem-dashboard-disaggregation", "tandem-dashboard-operator", "tandem-dashboard-overview"
+    ]  # fmt: skip
+    for obj in objects:
+        assert obj["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert obj["metadata"]["namespace"] == "monitoring"
+
+
+def test_every_dashboard_expression_names_an_exported_metric():
+    exported = exported_metric_names()
+    used = set()
+    for board in dashboards().values():
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                names = set(re.findall(r"\btandem_[a-z0-9_]+\b", target["expr"]))
+                assert names, target["expr"]
+                used |= names
+    assert used - exported == set()
+    assert {"tandem_kv_transfer_seconds_bucket", "tandem_disagg_decisions_total",
+            "tandem_operator_reconciles_total"} <= used  # fmt: skip
+
+
+def test_design_metrics_are_all_exported():
+    exported = exported_metric_names()
+    missing = [m for m in DESIGN_METRICS if m not in exported and f"{m}_bucket" not in exported]
+    assert missing == []
+
+
+def test_committed_dashboards_equal_the_generator():
+    sys.path.insert(0, str(ROOT / "charts" / "tools"))
+    try:
+        import dashboards as generator
+    finally:
+        sys.path.pop(0)
+    for name, text in generator.render_all().items():
+        assert (CHART / "dashboards" / name).read_text() == text, name

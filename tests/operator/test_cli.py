@@ -1,0 +1,68 @@
+"""`tandem operator --render` and the `--config FILE` every `tandem` command takes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tandem.engine.cli import apply_config
+from tandem.operator.render import render
+from tests.operator.crd_schema import EXAMPLES, example
+
+TANDEM = [sys.executable, "-P", "-m", "tandem.engine.cli"]
+
+
+def test_render_prints_the_children(tmp_path):
+    result = subprocess.run([*TANDEM, "operator", "--render", str(EXAMPLES / "minimal.yaml")],
+                            capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    printed = list(yaml.safe_load_all(result.stdout))
+    llmd = example("minimal")
+    del llmd["metadata"]["uid"]
+    assert printed == render(llmd)
+
+
+def test_render_refuses_an_invalid_file_naming_the_field(tmp_path):
+    llmd = example("minimal")
+    llmd["spec"]["decode"] = {"replicas": 0}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(llmd))
+    result = subprocess.run([*TANDEM, "operator", "--render", str(path)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 1
+    assert "spec.decode.replicas: must be at least 1" in result.stderr
+
+
+def _parser():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--port", type=int, default=1)
+    parser.add_argument("--policy", choices=("a", "b"), default="a")
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    return parser
+
+
+def test_config_values_become_defaults_and_the_command_line_wins(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": "/m", "port": 9, "no-prefix-caching": True}))
+    parser = _parser()
+    apply_config(parser, str(path))
+    args = parser.parse_args(["--port", "10"])
+    assert (args.model, args.port, args.no_prefix_caching) == ("/m", 10, True)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [('{"colour": 1}', "unknown flag 'colour'"), ('{"policy": "c"}', "policy must be one of"),
+     ("[1]", "must hold a JSON object"), ("{", "Expecting")],
+)  # fmt: skip
+def test_bad_config_files_are_refused(tmp_path, capsys, content, message):
+    path = tmp_path / "c.json"
+    path.write_text(content)
+    with pytest.raises(SystemExit):
+        apply_config(_parser(), str(path))
+    assert message in capsys.readouterr().err

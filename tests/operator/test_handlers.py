@@ -1,0 +1,98 @@
+"""The kopf wiring: which handlers exist on which resource, what they pass to the reconcile,
+how failures reach kopf, and the settings the operator runs under."""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tandem.operator.handlers import build_registry
+from tandem.operator.kube import ApiError
+from tandem.operator.metrics import OperatorMetrics
+from tandem.operator.reconcile import Outcome
+from tests.operator.crd_schema import example
+
+
+class RecordingReconciler:
+    def __init__(self, error: Exception | None = None, spec_error: str | None = None) -> None:
+        self.seen: list[dict] = []
+        self.error, self.spec_error = error, spec_error
+
+    def reconcile(self, llmd: dict) -> Outcome:
+        self.seen.append(llmd)
+        if self.error is not None:
+            raise self.error
+        return Outcome(applied=["Deployment/a", "Service/a"], spec_error=self.spec_error)
+
+
+def wiring(reconciler):
+    metrics = OperatorMetrics(CollectorRegistry())
+    return build_registry(reconciler, metrics, interval_s=30), metrics
+
+
+def sample(metrics, name, **labels):
+    return metrics.registry.get_sample_value(name, labels or None) or 0
+
+
+def test_create_update_resume_and_a_timer_on_llmdeployments():
+    registry, _ = wiring(RecordingReconciler())
+    changing = registry._changing.get_all_handlers()
+    assert sorted(str(h.reason) for h in changing if h.reason) == ["create", "update"]
+    assert [h.initial for h in changing if h.reason is None] == [True]  # resume
+    assert len({h.id for h in changing}) == 3
+    (timer,) = registry._spawning.get_all_handlers()
+    assert (timer.interval, timer.idle) == (30, 15)
+    for handler in [*changing, timer]:
+        selector = handler.selector
+        assert (selector.group, selector.version, selector.any_name) == (
+            "tandem.dev", "v1alpha1", "llmdeployments"
+        )  # fmt: skip
+
+
+def test_handlers_pass_a_private_plain_copy_and_count():
+    reconciler = RecordingReconciler()
+    registry, metrics = wiring(reconciler)
+    body = kopf.Body(example("minimal"))
+    create = next(h for h in registry._changing.get_all_handlers() if str(h.reason) == "create")
+    create.fn(body=body, reason=kopf.Reason.CREATE)
+    (timer,) = registry._spawning.get_all_handlers()
+    timer.fn(body=body)
+    assert [type(seen) for seen in reconciler.seen] == [dict, dict]
+    assert reconciler.seen[0] == example("minimal")
+    reconciler.seen[0]["spec"]["model"]["name"] = "changed"
+    assert body["spec"]["model"]["name"] == "llama-3.1-8b-instruct"
+    assert (
+        sample(metrics, "tandem_operator_reconciles_total", trigger="create", result="success") == 1
+    )
+    assert (
+        sample(metrics, "tandem_operator_reconciles_total", trigger="timer", result="success") == 1
+    )
+    assert sample(metrics, "tandem_operator_applied_objects_total") == 4
+
+
+def test_api_errors_become_temporary_errors_and_invalid_specs_are_counted():
+    registry, metrics = wiring(RecordingReconciler(error=ApiError(500, "etcd is unhappy")))
+    (timer,) = registry._spawning.get_all_handlers()
+    with pytest.raises(kopf.TemporaryError, match="etcd is unhappy"):
+        timer.fn(body=kopf.Body(example("minimal")))
+    assert sample(metrics, "tandem_operator_reconciles_total", trigger="timer", result="error") == 1
+    registry, metrics = wiring(RecordingReconciler(spec_error="spec.x: bad"))
+    (timer,) = registry._spawning.get_all_handlers()
+    timer.fn(body=kopf.Body(example("minimal")))
+    assert (
+        sample(metrics, "tandem_operator_reconciles_total", trigger="timer", result="invalid") == 1
+    )
+
+
+def test_startup_keeps_kopf_out_of_status_and_off_cluster_wide_watches():
+    registry, _ = wiring(RecordingReconciler())
+    (startup,) = registry._activities.get_all_handlers()
+    settings = kopf.OperatorSettings()
+    startup.fn(settings=settings)
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert settings.persistence.progress_storage.prefix == "tandem.dev"
+    assert settings.scanning.disabled is True
+    assert settings.posting.level == logging.WARNING

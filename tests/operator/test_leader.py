@@ -1,0 +1,89 @@
+"""Leader election over a Lease: one holder at a time, takeover only after expiry."""
+
+from __future__ import annotations
+
+import threading
+
+from tandem.operator.kinds import LEASE
+from tandem.operator.leader import LeaderElector, LeaseState, may_take
+from tests.operator.fake_api import FakeApi
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def electors(api, clock, *names):
+    return [LeaderElector(api, "ops", "tandem-operator", n, duration_s=15, renew_s=0.01,
+                          clock=clock) for n in names]  # fmt: skip
+
+
+def test_may_take():
+    assert may_take(None, "a", 0.0)
+    assert may_take(LeaseState("a", 100.0, 15), "a", 101.0)
+    assert not may_take(LeaseState("b", 100.0, 15), "a", 114.9)
+    assert may_take(LeaseState("b", 100.0, 15), "a", 115.0)
+
+
+def test_one_leader_until_its_lease_expires():
+    api, clock = FakeApi(), Clock()
+    a, b = electors(api, clock, "a", "b")
+    assert a.try_acquire()
+    assert not b.try_acquire()
+    clock.now += 10
+    assert a.try_acquire()  # renew
+    clock.now += 10
+    assert not b.try_acquire()  # renewed 10 s ago
+    clock.now += 16
+    assert b.try_acquire()  # a stopped renewing
+    lease = api.get(LEASE, "ops", "tandem-operator")
+    assert lease["spec"]["holderIdentity"] == "b" and lease["spec"]["leaseTransitions"] == 1
+    assert not a.try_acquire()
+
+
+def test_a_stale_write_loses_the_race():
+    api, clock = FakeApi(), Clock()
+    (a,) = electors(api, clock, "a")
+    assert a.try_acquire()
+    original_get = api.get
+
+    def get_then_someone_writes(kind, ns, name):
+        seen = original_get(kind, ns, name)
+        api.replace(LEASE, ns, original_get(kind, ns, name))  # another writer, first
+        return seen
+
+    api.get = get_then_someone_writes
+    assert not a.try_acquire()  # 409 on the stale resourceVersion
+
+
+def test_a_leader_that_cannot_renew_gives_up():
+    api, clock = FakeApi(), Clock()
+    a, b = electors(api, clock, "a", "b")
+    stop = threading.Event()
+    assert a.wait_until_leader(stop)
+    clock.now += 20
+    assert b.try_acquire()  # a was paused past its lease
+
+    def ticking() -> float:  # five seconds pass between a's attempts
+        clock.now += 5
+        return clock.now
+
+    a.clock = ticking
+    b.duration_s = 3600  # b's lease outlives the test
+    assert b.try_acquire()
+    lost = threading.Event()
+    a.keep_leading(stop, lost.set)  # returns once renewing failed for a lease duration
+    assert lost.is_set()
+
+
+def test_waiting_stops_on_request():
+    api, clock = FakeApi(), Clock()
+    a, b = electors(api, clock, "a", "b")
+    assert a.try_acquire()
+    stop = threading.Event()
+    threading.Timer(0.05, stop.set).start()
+    assert b.wait_until_leader(stop) is False
