@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from datetime import UTC, datetime
 from typing import Any
 
+from tandem.engine.kube_config import load_configuration
 from tandem.operator.kinds import EVENT, LLM_DEPLOYMENT, Kind, child_kind
 from tandem.operator.names import FIELD_MANAGER
 
@@ -35,18 +35,10 @@ class KubeApi:
 
     @classmethod
     def from_environment(cls) -> KubeApi:
-        """In-cluster service account, else $KUBECONFIG / ~/.kube/config; the client's
-        global default configuration is left alone."""
-        from kubernetes import client, config
+        """In-cluster service account, else $KUBECONFIG / ~/.kube/config."""
+        from kubernetes import client
 
-        configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
-            )
-        return cls(client.ApiClient(configuration))
+        return cls(client.ApiClient(load_configuration()))
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply under the field manager `tandem-operator`, taking over fields

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tandem.engine.kube_config import load_configuration
 from tandem.router.workers import WorkerAddress
 
 logger = logging.getLogger(__name__)
@@ -67,18 +67,9 @@ class EndpointSliceDiscovery:
     `refresh_s` (the last good answer is kept when the API fails)."""
 
     def __init__(self, selector: str, namespace: str | None = None, refresh_s: float = 5.0) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        # An own Configuration, not the client's global default; $KUBECONFIG read now (the
-        # client reads it once, at import).
-        configuration = client.Configuration()
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(
-                config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration
-            )
-        self.api = client.DiscoveryV1Api(client.ApiClient(configuration))
+        self.api = client.DiscoveryV1Api(client.ApiClient(load_configuration()))
         self.selector = selector
         self.namespace = namespace or _default_namespace()
         self.refresh_s = refresh_s
