@@ -78,7 +78,11 @@ def operate(args: argparse.Namespace) -> int:
         if not elector.wait_until_leader(stop):
             return 0
         metrics.leader.set(1)
-        on_lost = lambda: (lost.set(), stop.set())  # noqa: E731
+
+        def on_lost() -> None:
+            lost.set()
+            stop.set()
+
         threading.Thread(target=elector.keep_leading, args=(stop, on_lost), daemon=True).start()
     registry = build_registry(Reconciler(api), metrics, args.interval)
     kopf.run(

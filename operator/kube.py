@@ -90,7 +90,7 @@ class KubeApi:
 
     def event(self, llmd: dict[str, Any], kind: str, reason: str, message: str) -> None:
         meta = llmd["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = utc_now()
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -135,6 +135,11 @@ class KubeApi:
         if response.status >= 400:
             raise ApiError(response.status, _message(data))
         return json.loads(data)
+
+
+def utc_now() -> str:
+    """Now, as the API server writes timestamps (RFC 3339, seconds, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _message(data: bytes) -> str:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from tandem.operator.kinds import CHILD_KINDS, DEPLOYMENT, child_kind
-from tandem.operator.kube import ApiError, KubeApi
+from tandem.operator.kube import ApiError, KubeApi, utc_now
 from tandem.operator.names import DEPLOYMENT_LABEL, FIELD_MANAGER, child_name
-from tandem.operator.render import active_roles, render
-from tandem.operator.spec import parse
+from tandem.operator.render import active_roles, render_spec
+from tandem.operator.spec import LLMDeploymentSpec, parse
 from tandem.operator.status import ROLE_ORDER, Observation, compute_status, router_url
 
 logger = logging.getLogger(__name__)
@@ -36,10 +35,6 @@ class Outcome:
     status: dict[str, Any] = field(default_factory=dict)
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class Reconciler:
     def __init__(self, api: KubeApi, now: Callable[[], str] = utc_now) -> None:
         self.api = api
@@ -51,15 +46,18 @@ class Reconciler:
         An invalid spec changes no child: it sets SpecValid=False and emits one Event per
         new message. Raises ApiError when the API server refuses a required call."""
         outcome = Outcome()
+        spec: LLMDeploymentSpec | None = None
         try:
-            objects = render(llmd)
+            spec = parse(llmd)
         except ValueError as exc:
             outcome.spec_error = str(exc)
             self._report_invalid(llmd, outcome.spec_error)
         else:
+            objects = render_spec(spec)
             self._apply(llmd, objects, outcome)
             self._prune(llmd, objects, outcome)
-        outcome.status = compute_status(self._observe(llmd, outcome.spec_error), self.now())
+        observation = self._observe(llmd, spec, outcome.spec_error)
+        outcome.status = compute_status(observation, self.now())
         self.api.apply_status(llmd, outcome.status)
         return outcome
 
@@ -93,14 +91,15 @@ class Reconciler:
                                     item["metadata"]["uid"])  # fmt: skip
                     outcome.pruned.append(key)
 
-    def _observe(self, llmd: dict[str, Any], spec_error: str | None) -> Observation:
+    def _observe(
+        self, llmd: dict[str, Any], spec: LLMDeploymentSpec | None, spec_error: str | None
+    ) -> Observation:
         meta, previous = llmd["metadata"], llmd.get("status") or {}
         found = {
             role: self.api.get(DEPLOYMENT, meta["namespace"], child_name(meta["name"], role))
             for role in ROLE_ORDER
         }
-        if spec_error is None:
-            spec = parse(llmd)
+        if spec is not None:
             url = router_url(spec.name, spec.namespace, spec.router.service_port)
             deployments = {role: found[role] for role in active_roles(spec)}
         else:  # the spec cannot say what should exist: report what does

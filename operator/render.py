@@ -28,7 +28,11 @@ def render(llmd: dict[str, Any]) -> list[dict[str, Any]]:
     Raises ValueError naming the field (`spec.decode.replicas: ...`) for an invalid spec;
     nothing is rendered then, so nothing is changed.
     """
-    spec = parse(llmd)
+    return render_spec(parse(llmd))
+
+
+def render_spec(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
+    """render() of an already parsed spec; never raises."""
     roles = active_roles(spec)
     config = config_data(spec, roles)
     rev, config_hash = revision(spec), short_hash(config)

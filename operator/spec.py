@@ -17,6 +17,12 @@ ROLES = ("router", "prefill", "decode")
 POLICIES = ("round-robin", "least-load", "prefix-aware", "kv-aware")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 SCALING_METRICS = ("cpu", "requestsWaiting", "requestsRunning", "kvCacheUsage")
+# The router has no queue or KV cache of its own: it scales on cpu or requests in flight.
+ROLE_SCALING_METRICS = {
+    "router": ("cpu", "requestsRunning"),
+    "prefill": SCALING_METRICS,
+    "decode": SCALING_METRICS,
+}
 SOURCES = ("pvc", "hostPath", "huggingFace")
 
 
@@ -220,7 +226,7 @@ def _scaling(autoscaling: Reader, role: str) -> Scaling | None:
     scaling = Scaling(
         min_replicas=body.integer("minReplicas", default=1, minimum=1),
         max_replicas=body.integer("maxReplicas", required=True, minimum=1, maximum=1000),
-        metric=target.string("metric", required=True, choices=SCALING_METRICS),
+        metric=target.string("metric", required=True, choices=ROLE_SCALING_METRICS[role]),
         value=target.number("value", required=True, above=0.0),
     )
     if scaling.min_replicas > scaling.max_replicas:

@@ -74,13 +74,7 @@ def _metric(role: str, scaling: Scaling) -> dict[str, Any]:
     if scaling.metric == "cpu":
         target = {"type": "Utilization", "averageUtilization": round(scaling.value)}
         return {"type": "Resource", "resource": {"name": "cpu", "target": target}}
-    name = POD_METRICS.get((role, scaling.metric))
-    if name is None:
-        raise ValueError(
-            f"spec.autoscaling.{role}.target.metric: {role} pods scale on cpu"
-            + (" or requestsRunning" if role == "router" else "")
-            + f", not {scaling.metric}"
-        )
+    name = POD_METRICS[(role, scaling.metric)]  # spec.parse allows only these pairs
     target = {"type": "AverageValue", "averageValue": _quantity(scaling.value)}
     return {"type": "Pods", "pods": {"metric": {"name": name}, "target": target}}
 

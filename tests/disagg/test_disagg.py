@@ -10,6 +10,7 @@ import httpx
 
 from tandem.engine import SamplingParams
 from tandem.engine.block_hash import hash_blocks
+from tests.design import DESIGN_METRICS
 from tests.disagg.nodes import assert_clean, generate, metric_value
 
 NUM_REQUESTS = 40
@@ -95,28 +96,8 @@ def test_received_blocks_equal_the_prefill_blocks_bit_for_bit(cluster):
 def test_design_metrics_are_exported(cluster):
     d, p1 = cluster["d"], cluster["p1"]
     generate(d, "metrics", [5, 6, 7, 8], {"max_tokens": 3, "temperature": 0}, p1)
-    names = [
-        "tandem_time_to_first_token_seconds",
-        "tandem_inter_token_latency_seconds",
-        "tandem_e2e_request_latency_seconds",
-        "tandem_request_queue_time_seconds",
-        "tandem_num_requests_running",
-        "tandem_num_requests_waiting",
-        "tandem_kv_cache_usage_ratio",
-        "tandem_prefix_cache_queries_total",
-        "tandem_prefix_cache_hits_total",
-        "tandem_prompt_tokens_total",
-        "tandem_generation_tokens_total",
-        "tandem_num_preemptions_total",
-        "tandem_kv_transfer_seconds",
-        "tandem_kv_transfer_bytes_total",
-        "tandem_kv_transfer_blocks_total",
-        "tandem_kv_transfer_failures_total",
-        "tandem_disagg_decisions_total",
-        "tandem_prefill_fallbacks_total",
-    ]
     text = d.metrics()
-    for name in names:
+    for name in DESIGN_METRICS:
         assert f"# TYPE {name} " in text, name
     assert metric_value(text, "tandem_time_to_first_token_seconds_count", role="decode") >= 1
     assert metric_value(text, "tandem_generation_tokens_total") >= 3

@@ -18,6 +18,7 @@ from tandem.engine.metrics import NodeMetrics
 from tandem.operator.kinds import permissions
 from tandem.operator.metrics import OperatorMetrics
 from tandem.router.metrics import RouterMetrics
+from tests.design import DESIGN_METRICS
 from tests.operator.crd_schema import ROOT
 
 CHART = ROOT / "charts" / "tandem"
@@ -31,26 +32,6 @@ FULL_VALUES = {
     "dashboards": {"namespace": "monitoring"},
 }
 VALUES = {"default": None, "full": FULL_VALUES}
-DESIGN_METRICS = [  # design §7
-    "tandem_time_to_first_token_seconds",
-    "tandem_inter_token_latency_seconds",
-    "tandem_e2e_request_latency_seconds",
-    "tandem_request_queue_time_seconds",
-    "tandem_num_requests_running",
-    "tandem_num_requests_waiting",
-    "tandem_kv_cache_usage_ratio",
-    "tandem_prefix_cache_queries_total",
-    "tandem_prefix_cache_hits_total",
-    "tandem_prompt_tokens_total",
-    "tandem_generation_tokens_total",
-    "tandem_num_preemptions_total",
-    "tandem_kv_transfer_seconds",
-    "tandem_kv_transfer_bytes_total",
-    "tandem_kv_transfer_blocks_total",
-    "tandem_kv_transfer_failures_total",
-    "tandem_disagg_decisions_total",
-    "tandem_prefill_fallbacks_total",
-]
 
 
 def rendered(values):

@@ -17,7 +17,7 @@ from tests.operator.crd_schema import EXAMPLES, example
 TANDEM = [sys.executable, "-P", "-m", "tandem.engine.cli"]
 
 
-def test_render_prints_the_children(tmp_path):
+def test_render_prints_the_children():
     result = subprocess.run([*TANDEM, "operator", "--render", str(EXAMPLES / "minimal.yaml")],
                             capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     printed = list(yaml.safe_load_all(result.stdout))

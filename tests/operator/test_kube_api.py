@@ -13,6 +13,7 @@ import pytest
 from tandem.operator.kinds import DEPLOYMENT, LEASE
 from tandem.operator.kube import ApiError, KubeApi
 from tandem.operator.render import render
+from tests.kubeconfig import write_kubeconfig
 from tests.operator.crd_schema import example
 
 
@@ -54,14 +55,7 @@ def server():
 @pytest.fixture
 def api(server, tmp_path, monkeypatch):
     url = server[0]
-    kubeconfig = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "c", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "secret-token"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u"}}],
-    }  # fmt: skip
-    (tmp_path / "config").write_text(json.dumps(kubeconfig))
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "config"))
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path, url, "secret-token")))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     return KubeApi.from_environment()
 

@@ -4,7 +4,6 @@ that replays the recorded list (no cluster needed)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -13,6 +12,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from tandem.router.discovery import EndpointSliceDiscovery
+from tests.kubeconfig import write_kubeconfig
 
 RECORDED = (Path(__file__).parent / "fixtures" / "endpointslices.json").read_bytes()
 
@@ -43,14 +43,7 @@ def api_server():
 
 def test_lists_the_selected_slices_and_caches_the_answer(api_server, tmp_path, monkeypatch):
     url, seen = api_server
-    kubeconfig = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "c", "cluster": {"server": url}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u"}}],
-    }  # fmt: skip
-    (tmp_path / "config").write_text(json.dumps(kubeconfig))
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "config"))
+    monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path, url, "t")))
     discovery = EndpointSliceDiscovery("tandem.dev/deployment=chat", namespace="llm")
     found = asyncio.run(discovery.addresses())
     assert [(a.role, a.url) for a in found][-1] == ("prefill", "http://10.244.1.17:8080")
