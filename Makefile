@@ -7,17 +7,19 @@ PY := $(VENV)/bin/python -P
 STAMP := $(VENV)/.installed-stamp
 # The CPU wheel of torch is local on our machines; a CUDA build elsewhere.
 TORCH_VERSION ?= 2.13.0
+# 3.9 is the first whose CPU interpreter runs on NumPy 2.4 (scalar loop bounds).
+TRITON_VERSION ?= 3.9.0
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
 
-.PHONY: install test test-kernels lint format serve bench bench-serve clean
+.PHONY: install test test-gpu lint format serve bench bench-serve clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install -q "torch==$(TORCH_VERSION)" "triton==$(TRITON_VERSION)"
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
@@ -25,6 +27,10 @@ test: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu and not e2e" $(PYTEST_ARGS)
+
+# On a CUDA machine: the kernels compiled for real, bf16, CUDA graphs, engine parity on GPU.
+test-gpu: install
+	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

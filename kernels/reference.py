@@ -54,10 +54,14 @@ def attention_ref(
     query_positions: torch.Tensor,  # [B, Q] int: absolute position of each query token
     seq_lens: torch.Tensor,  # [B] int: valid keys per sequence
     scale: float,
+    sliding_window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:  # [B, Q, Hq, D]
     """Causal attention with grouped-query heads, accumulated in float32.
 
-    Key j of sequence b is visible to a query at position p when j <= p and j < seq_lens[b].
+    Key j of sequence b is visible to a query at position p when j <= p and j < seq_lens[b],
+    and, with a `sliding_window` W > 0, when p - j < W. A `softcap` c > 0 maps each scaled
+    score s to c * tanh(s / c) before the mask. A query that sees no key gets zeros.
     """
     num_seqs, num_q, num_heads, head_dim = query.shape
     num_keys, num_kv_heads = key.shape[1], key.shape[2]
@@ -67,12 +71,52 @@ def attention_ref(
     v = value.float().transpose(1, 2)  # [B, Hkv, S, D]
     scores = torch.matmul(q.reshape(num_seqs, num_kv_heads, group * num_q, head_dim), k)
     scores = scores.view(num_seqs, num_kv_heads, group, num_q, num_keys) * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
     key_idx = torch.arange(num_keys, device=query.device)
     visible = (key_idx <= query_positions[..., None]) & (key_idx < seq_lens[:, None, None])
+    if sliding_window > 0:
+        visible &= query_positions[..., None] - key_idx < sliding_window
     scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1).view(num_seqs, num_kv_heads, group * num_q, num_keys)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows that see no key -> 0
+    probs = probs.view(num_seqs, num_kv_heads, group * num_q, num_keys)
     out = torch.matmul(probs, v).view(num_seqs, num_kv_heads, group, num_q, head_dim)
     return out.permute(0, 3, 1, 2, 4).reshape(num_seqs, num_q, num_heads, head_dim).to(query.dtype)
+
+
+def paged_attention_ref(
+    query: torch.Tensor,  # [T, Hq, D]
+    kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+    block_tables: torch.Tensor,  # [B, MB] int
+    seq_lens: torch.Tensor,  # [B] int
+    query_start_loc: torch.Tensor,  # [B + 1] int
+    scale: float,
+    sliding_window: int = 0,
+    softcap: float = 0.0,
+) -> torch.Tensor:  # [T, Hq, D]
+    """A varlen batch over the paged cache, one sequence at a time: sequence b's queries are
+    the last `query_start_loc[b+1] - query_start_loc[b]` of its `seq_lens[b]` tokens."""
+    out = torch.zeros_like(query)
+    block_size = kv_layer.shape[2]
+    for b in range(len(seq_lens)):
+        start, end = int(query_start_loc[b]), int(query_start_loc[b + 1])
+        seq_len = int(seq_lens[b])
+        num_blocks = -(-seq_len // block_size)
+        if end == start or num_blocks == 0:
+            continue
+        k, v = gather_kv_ref(kv_layer, block_tables[b : b + 1, :num_blocks])
+        positions = torch.arange(seq_len - (end - start), seq_len, device=query.device)
+        out[start:end] = attention_ref(
+            query[None, start:end],
+            k,
+            v,
+            positions[None],
+            seq_lens[b : b + 1],
+            scale,
+            sliding_window,
+            softcap,
+        )[0]
+    return out
 
 
 def rms_norm_ref(

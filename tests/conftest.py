@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,21 @@ import torch
 from tandem.engine.tiny_model import ARCHS, make_model
 
 torch.set_num_threads(1)
+if not torch.cuda.is_available():
+    # Triton kernels run on the CPU through Triton's interpreter. Read when a kernel module
+    # is imported, so set before any test imports one.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`gpu` tests need CUDA; selected explicitly (`make test-gpu`) without one, they skip
+    with that reason rather than fail on a missing device."""
+    if torch.cuda.is_available():
+        return
+    no_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(no_gpu)
 
 
 @pytest.fixture(scope="session")
