@@ -191,6 +191,18 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
+def resolve_kernels(kernels: str, device: torch.device) -> str:
+    """`auto` is Triton on CUDA and the plain-torch references elsewhere."""
+    if kernels == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if kernels not in KERNEL_BACKENDS:
+        raise ValueError(f"unknown kernels {kernels!r}; use auto, torch or triton")
+    return kernels
+
+
+KERNEL_BACKENDS = ("torch", "triton")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """The paged KV cache: `num_blocks` blocks of `block_size` tokens each."""
@@ -231,8 +243,17 @@ class EngineConfig:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     dtype: torch.dtype = torch.float32
     seed: int = 0
+    # "torch" (references) or "triton" (the kernels; CUDA, or the CPU interpreter)
+    kernels: str = "torch"
+    # Decode-only steps through static buffers at bucketed batch sizes, replayed from CUDA
+    # graphs on a GPU (Triton kernels only).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
+        if self.kernels not in KERNEL_BACKENDS:
+            raise ValueError(f"unknown kernels {self.kernels!r}; use torch or triton")
+        if self.cuda_graphs and self.kernels != "triton":
+            raise ValueError("CUDA graphs need the Triton kernels (kernels='triton')")
         max_len = self.scheduler.max_model_len
         if max_len > self.model.max_position_embeddings:
             raise ValueError(

@@ -35,6 +35,9 @@ class LLM:
         max_model_len: int | None = None,
         enable_prefix_caching: bool = True,
         seed: int = 0,
+        gpu_memory_utilization: float = 0.9,
+        kernels: str = "auto",
+        enforce_eager: bool = False,
     ) -> None:
         args = EngineArgs(
             model=str(model),
@@ -47,6 +50,9 @@ class LLM:
             max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching,
             seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            kernels=kernels,
+            enforce_eager=enforce_eager,
         )
         self.engine = LLMEngine.from_args(args)
         self.tokenizer = self.engine.tokenizer

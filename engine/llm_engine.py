@@ -6,6 +6,7 @@ state changes, so a bad request never disturbs the others.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,9 +22,10 @@ from tandem.engine.config import (
     SchedulerConfig,
     resolve_device,
     resolve_dtype,
+    resolve_kernels,
 )
 from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.model_runner import ModelRunner, kv_block_bytes
+from tandem.engine.model_runner import ModelRunner, activation_bytes, kv_block_bytes
 from tandem.engine.output_processor import OutputProcessor
 from tandem.engine.outputs import RequestOutput
 from tandem.engine.request import Request, RequestStatus
@@ -50,12 +52,19 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     seed: int = 0
+    kernels: str = "auto"
+    enforce_eager: bool = False
 
     def create_config(self) -> EngineConfig:
         model = ModelConfig.from_pretrained(self.model)
         device = resolve_device(self.device)
         max_model_len = self.max_model_len or model.max_position_embeddings
         scheduler = SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, max_model_len)
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        kernels = resolve_kernels(self.kernels, device)
         probe = EngineConfig(
             self.model,
             model,
@@ -64,20 +73,23 @@ class EngineArgs:
             device,
             resolve_dtype(self.dtype, model, device),
             self.seed,
+            kernels,
+            kernels == "triton" and not self.enforce_eager,
         )
         num_blocks = self.num_kv_blocks or self._default_num_blocks(probe)
-        cache = CacheConfig(self.block_size, num_blocks, self.enable_prefix_caching)
-        return EngineConfig(self.model, model, cache, scheduler, device, probe.dtype, self.seed)
+        return dataclasses.replace(
+            probe, cache=CacheConfig(self.block_size, num_blocks, self.enable_prefix_caching)
+        )
 
     def _default_num_blocks(self, probe: EngineConfig) -> int:
-        """On a GPU, what fits in `gpu_memory_utilization` of free memory once the weights
-        are counted; on the CPU, enough for every sequence at full length, capped by a fixed
-        budget."""
+        """On a GPU, what fits in `gpu_memory_utilization` of the free memory once the
+        weights and the activations of the largest step are counted; on the CPU, enough for
+        every sequence at full length, capped by a fixed budget."""
         block_bytes = kv_block_bytes(probe)
         if probe.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(probe.device)
             weights = probe.model.num_parameters() * probe.dtype.itemsize
-            budget = int(free * self.gpu_memory_utilization) - weights
+            budget = int(free * self.gpu_memory_utilization) - weights - activation_bytes(probe)
             if budget < block_bytes:
                 raise ValueError(f"no GPU memory left for the KV cache ({free} bytes free)")
             return budget // block_bytes

@@ -14,17 +14,27 @@ import torch
 
 from tandem.engine.attention import AttentionBackend, AttentionBatch, CommonAttentionMetadata
 from tandem.engine.config import EngineConfig
+from tandem.engine.cuda_graphs import DecodeGraphs
 from tandem.engine.loader import load_weights
 from tandem.engine.models.registry import model_class
 from tandem.engine.request import Request
 from tandem.engine.sampler import Sampler
 from tandem.engine.scheduler import ModelRunnerOutput, SchedulerOutput
 from tandem.engine.torch_attention import TorchAttentionBackend
+from tandem.kernels.ops import kernel_ops
 
 
 def select_attention_backend(config: EngineConfig) -> AttentionBackend:
-    """The plain-torch reference everywhere for now; the Triton backend takes CUDA later."""
-    return TorchAttentionBackend(config.cache.block_size)
+    """The plain-torch backend with the torch kernels; Triton's with the Triton kernels."""
+    if config.kernels == "torch":
+        return TorchAttentionBackend(config.cache.block_size)
+    from tandem.engine.triton_attention import TritonAttentionBackend
+
+    m = config.model
+    num_sms = None
+    if config.device.type == "cuda":
+        num_sms = torch.cuda.get_device_properties(config.device).multi_processor_count
+    return TritonAttentionBackend(m.num_kv_heads, m.num_heads // m.num_kv_heads, num_sms)
 
 
 def allocate_kv_cache(config: EngineConfig) -> torch.Tensor:
@@ -48,6 +58,19 @@ def kv_block_bytes(config: EngineConfig) -> int:
     return m.num_layers * 2 * config.cache.block_size * m.num_kv_heads * m.head_dim * elem
 
 
+def activation_bytes(config: EngineConfig) -> int:
+    """A bound on one step's transient memory: the largest layer's activations for a full
+    token budget (twice, input and output alive together) plus float32 logits, log-probs
+    and probabilities for every sequence."""
+    m = config.model
+    elem = torch.empty((), dtype=config.dtype).element_size()
+    per_token = (m.num_heads + 2 * m.num_kv_heads) * m.head_dim + 2 * m.intermediate_size
+    per_token += 2 * m.hidden_size
+    tokens = config.scheduler.max_num_batched_tokens
+    logits = config.scheduler.max_num_seqs * m.vocab_size * 4 * 3
+    return 2 * tokens * per_token * elem + logits
+
+
 class ModelRunner:
     """Owns the model weights and the KV cache; reads the scheduled requests' token ids and
     block ids, never mutates the requests (the scheduler applies the output)."""
@@ -58,19 +81,43 @@ class ModelRunner:
         self.device = config.device
         self.block_size = config.cache.block_size
         self.block_ids_of = block_ids_of
+        ops = kernel_ops(config.kernels)
         with torch.device(config.device):
-            self.model = model_class(config.model)(config.model).to(config.dtype)
+            self.model = model_class(config.model)(config.model, ops).to(config.dtype)
         load_weights(self.model, config.model_dir)
         self.model.eval()
         self.kv_cache = allocate_kv_cache(config)
         self.backend = select_attention_backend(config)
         self.sampler = Sampler()
+        self.graphs = self._decode_graphs() if config.cuda_graphs else None
+
+    def _decode_graphs(self) -> DecodeGraphs:
+        c = self.config
+        graphs = DecodeGraphs(
+            self._forward,
+            self.backend,
+            c.scheduler.max_num_seqs,
+            -(-c.scheduler.max_model_len // self.block_size) + 1,  # + the next step's block
+            c.scheduler.max_model_len,
+            self.device,
+        )
+        with torch.inference_mode():
+            graphs.capture()
+        return graphs
+
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBatch
+    ) -> torch.Tensor:  # [T] ids, [T] positions -> [T, H]
+        return self.model(input_ids, positions, self.kv_cache, attn)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         input_ids, positions, common, sample_rows = self._prepare(out)
-        attn = AttentionBatch(self.backend, self.backend.build(common))
-        hidden = self.model(input_ids, positions, self.kv_cache, attn)  # [T, H]
+        if self.graphs is not None and self.graphs.can_run(common):
+            hidden = self.graphs.run(input_ids, positions, common)  # [T, H]
+        else:
+            attn = AttentionBatch(self.backend, self.backend.build(common))
+            hidden = self._forward(input_ids, positions, attn)  # [T, H]
         num_seqs = len(out.scheduled)
         sampled: list[int | None] = [None] * num_seqs
         logprobs: list = [None] * num_seqs

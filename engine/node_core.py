@@ -40,6 +40,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-caching", action="store_true")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument(
+        "--kernels",
+        choices=("auto", "torch", "triton"),
+        default="auto",
+        help="compute kernels (default: Triton on CUDA, torch references on the CPU)",
+    )
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps"
+    )
+    parser.add_argument(
         "--revision",
         default=os.environ.get("TANDEM_REVISION", ""),
         help="model revision label; routers pair prefill and decode only within one "
@@ -68,6 +77,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        kernels=args.kernels,
+        enforce_eager=args.enforce_eager,
     )
 
 

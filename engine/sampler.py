@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.engine.logit_edits import LogitEdits, host_tensor
 from tandem.engine.request import Request, TokenLogprobs
 from tandem.engine.sampling_params import SamplingParams
 
@@ -43,19 +44,17 @@ class Sampler:
         return SamplerOutput(token_ids=token_ids.tolist(), logprobs=logprobs)
 
     def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
-        rows = [i for i, r in enumerate(requests) if _needs_processing(r)]
-        if not rows:
+        if not any(_needs_processing(r) for r in requests):
             return logits
         logits = logits.clone()
-        for i in rows:
-            _process_row(logits[i], requests[i])
+        LogitEdits.collect(requests, logits.shape[1]).apply(logits)
         return logits
 
     def _pick(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         token_ids = logits.argmax(dim=-1)  # [S]
         rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if rows:
-            idx = torch.tensor(rows, device=logits.device)
+            idx = host_tensor(rows, torch.long, logits.device)
             token_ids[idx] = _sample(logits[idx], [requests[i] for i in rows])
         return token_ids
 
@@ -65,46 +64,15 @@ def _needs_processing(request: Request) -> bool:
     return bool(p.logit_bias or p.needs_penalties or request.num_output_tokens < p.min_tokens)
 
 
-def _process_row(row: torch.Tensor, request: Request) -> None:
-    """Logit bias, penalties and the min_tokens mask, applied to one [V] row in place."""
-    p = request.sampling_params
-    vocab = row.shape[0]
-    if p.logit_bias:
-        ids = torch.tensor([t for t in p.logit_bias if 0 <= t < vocab], dtype=torch.long)
-        bias = torch.tensor([p.logit_bias[t] for t in ids.tolist()], dtype=row.dtype)
-        row[ids.to(row.device)] += bias.to(row.device)
-    if p.needs_penalties:
-        _apply_penalties(row, request)
-    if request.num_output_tokens < p.min_tokens:
-        stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(request.eos_token_ids))
-        ids = [t for t in stops if 0 <= t < vocab]
-        row[ids] = float("-inf")
-
-
-def _apply_penalties(row: torch.Tensor, request: Request) -> None:
-    """Repetition over prompt and output tokens; presence and frequency over output only."""
-    p = request.sampling_params
-    vocab = row.shape[0]
-    device = row.device
-    if p.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(request.all_token_ids)), dtype=torch.long, device=device)
-        vals = row[seen]
-        row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-    if request.output_token_ids and (p.presence_penalty or p.frequency_penalty):
-        out = torch.tensor(request.output_token_ids, dtype=torch.long, device=device)
-        counts = torch.bincount(out, minlength=vocab)[:vocab].to(row.dtype)
-        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
-
-
 def _sample(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
     """Draw one token per row of `logits` [R, V] under each request's temperature and
     filters, with its generator."""
     device = logits.device
     params = [r.sampling_params for r in requests]
-    temperature = torch.tensor([p.temperature for p in params], device=device)
+    temperature = host_tensor([p.temperature for p in params], logits.dtype, device)
     logits = logits / temperature[:, None]
     if any(p.min_p > 0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device)
+        min_p = host_tensor([p.min_p for p in params], logits.dtype, device)
         probs = torch.softmax(logits, dim=-1)
         cutoff = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
         logits = logits.masked_fill(probs < cutoff, float("-inf"))
@@ -121,8 +89,8 @@ def _top_k_top_p(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torc
     """Mask all but each row's top-k tokens and its top-p nucleus (always keeping one)."""
     vocab = logits.shape[-1]
     device = logits.device
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
+    top_k = host_tensor([p.top_k if p.top_k > 0 else vocab for p in params], torch.long, device)
+    top_p = host_tensor([p.top_p for p in params], logits.dtype, device)
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
     kth = sorted_logits.gather(1, (vocab - top_k.clamp(max=vocab))[:, None])
     sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))

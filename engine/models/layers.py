@@ -9,29 +9,36 @@ import torch
 from torch import nn
 
 from tandem.engine.config import RopeScaling
-from tandem.kernels.reference import rms_norm_ref, rotary_ref
+from tandem.kernels.ops import KernelOps
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, ops: KernelOps) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.ops = ops
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[T, H] -> [T, H]; with `residual`, returns (norm(x + residual), x + residual)."""
-        return rms_norm_ref(x, self.weight, self.eps, residual)
+        return self.ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class RotaryEmbedding(nn.Module):
     """Neox-style rotary embedding over a precomputed [max_pos, D] cos|sin table."""
 
     def __init__(
-        self, head_dim: int, max_position: int, theta: float, scaling: RopeScaling | None
+        self,
+        head_dim: int,
+        max_position: int,
+        theta: float,
+        scaling: RopeScaling | None,
+        ops: KernelOps,
     ) -> None:
         super().__init__()
+        self.ops = ops
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         if scaling is not None:
             inv_freq = llama3_scale_inv_freq(inv_freq, scaling)
@@ -42,7 +49,8 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary_ref(positions, query, key, self.cos_sin_cache)
+        """Rotated (query [T, Hq, D], key [T, Hkv, D]); the inputs may be rotated in place."""
+        return self.ops.rotary(positions, query, key, self.cos_sin_cache)
 
 
 def llama3_scale_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:

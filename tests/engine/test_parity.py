@@ -22,41 +22,92 @@ PROMPT_LENS = [1, 2, 17, 33, 64, 100, 180, 300]
 NUM_TOKENS = 32
 
 
-def hf_model(model_dir):
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+def hf_model(model_dir, device: str = "cpu"):
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    return model.to(device).eval()
 
 
-def prompts(vocab: int) -> list[list[int]]:
-    rng = random.Random(len(PROMPT_LENS))
-    return [[rng.randrange(5, vocab) for _ in range(n)] for n in PROMPT_LENS]
+def prompts(vocab: int, lens: list[int] = PROMPT_LENS) -> list[list[int]]:
+    rng = random.Random(len(lens))
+    return [[rng.randrange(5, vocab) for _ in range(n)] for n in lens]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_tokens_identical_to_transformers(model_dirs, arch):
-    model_dir = model_dirs[arch]
-    llm = LLM(str(model_dir), num_kv_blocks=40, max_num_batched_tokens=64, max_num_seqs=8)
-    batch = prompts(llm.engine.config.model.vocab_size)
-    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, min_tokens=NUM_TOKENS)
+def assert_greedy_parity(
+    model_dir, prompt_lens: list[int], num_tokens: int, num_kv_blocks: int, **llm_kwargs
+) -> LLM:
+    """Every prompt at once through a pool too small for all: Tandem's greedy tokens are
+    transformers' on the same checkpoint and device."""
+    llm = LLM(
+        str(model_dir),
+        num_kv_blocks=num_kv_blocks,
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        **llm_kwargs,
+    )
+    batch = prompts(llm.engine.config.model.vocab_size, prompt_lens)
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, min_tokens=num_tokens)
     outputs = llm.generate(prompt_token_ids=batch, sampling_params=params, use_tqdm=False)
     assert llm.engine.scheduler.num_preemptions > 0  # the pool was too small for everyone
     assert llm.engine.check_integrity().in_use == 0
 
-    hf = hf_model(model_dir)
+    device = llm.engine.config.device
+    hf = hf_model(model_dir, device)
     for prompt, output in zip(batch, outputs):
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=device)
         expected = hf.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             do_sample=False,
-            max_new_tokens=NUM_TOKENS,
-            min_new_tokens=NUM_TOKENS,
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
         )[0, len(prompt) :].tolist()
         assert output.outputs[0].token_ids == expected, f"prompt of {len(prompt)} tokens"
+    return llm
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_one_forward_pass_logits_close(model_dirs, arch):
-    llm = LLM(str(model_dirs[arch]), num_kv_blocks=32)
+def test_greedy_tokens_identical_to_transformers(model_dirs, arch):
+    assert_greedy_parity(model_dirs[arch], PROMPT_LENS, NUM_TOKENS, 40, kernels="torch")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_greedy_tokens_through_the_triton_kernels(model_dirs, arch):
+    """The Triton path (the CPU interpreter here): kernels, attention backend and the
+    decode buckets' static buffers and padding; shorter, as the interpreter is slow."""
+    llm = assert_greedy_parity(
+        model_dirs[arch], [1, 5, 17, 40, 70], 12, 24, kernels="triton", block_size=4
+    )
+    assert llm.engine.runner.graphs is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_greedy_tokens_on_the_gpu(model_dirs, arch, enforce_eager):
+    """Triton kernels and CUDA graphs (or eager) on the GPU, float32, against transformers
+    on the same GPU."""
+    llm = assert_greedy_parity(
+        model_dirs[arch],
+        PROMPT_LENS,
+        NUM_TOKENS,
+        40,
+        device="cuda",
+        dtype="float32",
+        enforce_eager=enforce_eager,
+    )
+    assert llm.engine.config.kernels == "triton"
+    assert (llm.engine.runner.graphs is None) == enforce_eager
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(
+    ("device", "kernels"),
+    [("cpu", "torch"), pytest.param("cuda", "triton", marks=pytest.mark.gpu)],
+)
+def test_one_forward_pass_logits_close(model_dirs, arch, device, kernels):
+    llm = LLM(
+        str(model_dirs[arch]), num_kv_blocks=32, device=device, dtype="float32", kernels=kernels
+    )
     engine = llm.engine
     prompt = prompts(engine.config.model.vocab_size)[6]  # 180 tokens, many blocks
     request = Request("logits", prompt, SamplingParams())
@@ -69,6 +120,7 @@ def test_one_forward_pass_logits_close(model_dirs, arch):
         attn = AttentionBatch(runner.backend, runner.backend.build(common))
         hidden = runner.model(input_ids, positions, runner.kv_cache, attn)
         ours = runner.model.compute_logits(hidden)  # [T, V]
-        theirs = hf_model(model_dirs[arch])(torch.tensor([prompt])).logits[0]
+        theirs = hf_model(model_dirs[arch], device)(torch.tensor([prompt], device=device))
+        theirs = theirs.logits[0]
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
     engine.kv.free(request)

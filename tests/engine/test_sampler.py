@@ -114,6 +114,29 @@ def test_penalties():
     assert Sampler()(z.repeat(2, 1), [once, twice]).token_ids == [1, 2]
 
 
+def test_edits_of_a_batch_are_each_rows_own():
+    """Bias, penalties and masks gathered for the whole batch change each row exactly as
+    that request alone would, and nothing in the rows that ask for none."""
+    from tandem.engine.logit_edits import LogitEdits
+
+    requests = [
+        req(outputs=[4, 4, 9], frequency_penalty=0.5, presence_penalty=0.25),
+        req(temperature=0),
+        req(logit_bias={3: -2.0, 10: 1.5, V + 5: 9.0}, repetition_penalty=1.3),
+        req(eos=(7,), stop_token_ids=[8], min_tokens=3, outputs=[1]),
+    ]
+    x = logits(4, seed=3)
+    batched = x.clone()
+    LogitEdits.collect(requests, V).apply(batched)
+    for i, r in enumerate(requests):
+        alone = x[i : i + 1].clone()
+        LogitEdits.collect([r], V).apply(alone)
+        torch.testing.assert_close(batched[i], alone[0], atol=0, rtol=0)
+    assert torch.equal(batched[1], x[1])
+    assert batched[0, 4] == x[0, 4] - (2 * 0.5 + 0.25) and batched[0, 9] == x[0, 9] - 0.75
+    assert batched[3, 7] == batched[3, 8] == float("-inf")
+
+
 def test_logprobs_are_raw_with_rank_and_top_n():
     x = logits(2)
     rows = [req(temperature=0, logprobs=3), req(seed=9, temperature=5.0, logprobs=0)]

@@ -1,0 +1,36 @@
+"""The GPU benchmarks run end to end on tiny shapes (Triton interpreter): their code is not
+left to rot between the sessions that have a GPU. Figures are printed, never asserted."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.mark.parametrize(
+    ("script", "rows"),
+    [
+        ("kernels.py", ["| 64 | 1 |", "| 64 | 2 |", "| 8 | 24 |"]),
+        ("decode_step.py", ["| 3 | 40 |"]),
+    ],
+)
+def test_benchmark_runs_on_tiny_shapes(script, rows):
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        [sys.executable, "-P", str(BENCH / script), "--smoke"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("command: ") and "\nmachine: " in result.stdout
+    for row in rows:
+        assert row in result.stdout, result.stdout
