@@ -62,6 +62,7 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"
+    sliding_window: int = 0  # 0: every query sees its whole context
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -102,13 +103,6 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             supported = ", ".join(SUPPORTED_ARCHITECTURES)
             raise ValueError(f"unsupported architecture {arch!r}; Tandem supports {supported}")
-        sliding = raw.get("sliding_window")
-        windowed = raw.get("use_sliding_window", True) and sliding is not None
-        if windowed and sliding < raw.get("max_position_embeddings", 0):
-            raise ValueError(
-                f"sliding_window={sliding} is not supported yet (needs a windowed "
-                "attention backend)"
-            )
         traits = SUPPORTED_ARCHITECTURES[arch]
         num_heads = raw["num_attention_heads"]
         attention_bias = bool(raw.get("attention_bias", False))
@@ -131,7 +125,19 @@ class ModelConfig:
             rope_scaling=_rope_scaling(raw),
             eos_token_ids=_eos_ids(raw, generation_config or {}),
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+            sliding_window=_sliding_window(raw),
         )
+
+
+def _sliding_window(raw: dict[str, Any]) -> int:
+    """Keys a query sees (itself included), or 0 when it sees its whole context: a window
+    no shorter than the model's length, or one turned off (`use_sliding_window`), is none."""
+    window = raw.get("sliding_window")
+    if not window or not raw.get("use_sliding_window", True):
+        return 0
+    if int(window) >= raw.get("max_position_embeddings", 0):
+        return 0
+    return int(window)
 
 
 def _rope_theta(raw: dict[str, Any]) -> float:

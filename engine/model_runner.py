@@ -26,15 +26,17 @@ from tandem.kernels.ops import kernel_ops
 
 def select_attention_backend(config: EngineConfig) -> AttentionBackend:
     """The plain-torch backend with the torch kernels; Triton's with the Triton kernels."""
+    m = config.model
     if config.kernels == "torch":
-        return TorchAttentionBackend(config.cache.block_size)
+        return TorchAttentionBackend(config.cache.block_size, sliding_window=m.sliding_window)
     from tandem.engine.triton_attention import TritonAttentionBackend
 
-    m = config.model
     num_sms = None
     if config.device.type == "cuda":
         num_sms = torch.cuda.get_device_properties(config.device).multi_processor_count
-    return TritonAttentionBackend(m.num_kv_heads, m.num_heads // m.num_kv_heads, num_sms)
+    return TritonAttentionBackend(
+        m.num_kv_heads, m.num_heads // m.num_kv_heads, num_sms, sliding_window=m.sliding_window
+    )
 
 
 def allocate_kv_cache(config: EngineConfig) -> torch.Tensor:

@@ -130,7 +130,9 @@ def build_tokenizer(vocab_size: int, seed: int = 0):
     )
 
 
-def _hf_config(arch: str, size: str, vocab_size: int, max_len: int):
+def _hf_config(
+    arch: str, size: str, vocab_size: int, max_len: int, sliding_window: int | None = None
+):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     hidden, inter, layers, heads, kv_heads, head_dim, _ = SIZES[size]
@@ -157,7 +159,7 @@ def _hf_config(arch: str, size: str, vocab_size: int, max_len: int):
         )
         return LlamaConfig(**common, head_dim=head_dim, rope_scaling=scaling, rope_theta=50000.0)
     if arch == "mistral":
-        return MistralConfig(**common, head_dim=head_dim, sliding_window=None)
+        return MistralConfig(**common, head_dim=head_dim, sliding_window=sliding_window)
     if arch == "qwen2":
         return Qwen2Config(**common, tie_word_embeddings=True, use_sliding_window=False)
     if arch == "qwen3":
@@ -188,16 +190,20 @@ def make_model(
     seed: int = 0,
     max_len: int = 2048,
     max_shard_size: str | None = None,
+    sliding_window: int | None = None,
 ) -> Path:
-    """Write the checkpoint and tokenizer into `out_dir` (created) and return it."""
+    """Write the checkpoint and tokenizer into `out_dir` (created) and return it.
+    `sliding_window` (mistral only) makes every query see only its last that many tokens."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+    if sliding_window is not None and arch != "mistral":
+        raise ValueError("a sliding window is only made for --arch mistral")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(SIZES[size][-1], seed)
-    config = _hf_config(arch, size, len(tokenizer), max_len)
+    config = _hf_config(arch, size, len(tokenizer), max_len, sliding_window)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, seed)
@@ -215,11 +221,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-len", type=int, default=2048)
     parser.add_argument("--max-shard-size", default=None, help='e.g. "200KB" for shards')
+    parser.add_argument(
+        "--sliding-window", type=int, default=None, help="mistral: keys each query sees"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
     out = make_model(
-        args.out_dir, args.arch, args.size, args.seed, args.max_len, args.max_shard_size
+        args.out_dir,
+        args.arch,
+        args.size,
+        args.seed,
+        args.max_len,
+        args.max_shard_size,
+        args.sliding_window,
     )
     print(f"wrote a random {args.size} {args.arch} checkpoint to {out}")
 

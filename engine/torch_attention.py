@@ -32,8 +32,8 @@ class PrefillSlice:
     start: int
     end: int
     block_table: torch.Tensor  # [1, num_blocks] int
-    # [Q, num_blocks * bs] bool, causal and bottom-right aligned; None when the chunk is
-    # the whole context (no cached prefix): then K/V come straight from this step.
+    # [Q, num_blocks * bs] bool, causal and bottom-right aligned (and windowed); None when
+    # the chunk is the whole context and no window applies: K/V come straight from the step.
     mask: torch.Tensor | None
 
 
@@ -45,9 +45,13 @@ class TorchAttentionMetadata:
 
 
 class TorchAttentionBackend(AttentionBackend):
-    def __init__(self, block_size: int, decode_group_size: int = 16) -> None:
+    def __init__(
+        self, block_size: int, decode_group_size: int = 16, *, sliding_window: int = 0
+    ) -> None:
+        """`sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p."""
         self.block_size = block_size
         self.decode_group_size = decode_group_size
+        self.sliding_window = sliding_window
 
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         query_lens = np.diff(common.query_start_loc_cpu)
@@ -71,7 +75,10 @@ class TorchAttentionBackend(AttentionBackend):
         num_blocks = -(-int(seq_lens.max()) // self.block_size)
         tables = np.ascontiguousarray(common.block_tables_cpu[rows, :num_blocks])
         token_idx = common.query_start_loc_cpu[rows].astype(np.int64)
-        mask = np.arange(num_blocks * self.block_size) < seq_lens[:, None]
+        keys = np.arange(num_blocks * self.block_size)
+        mask = keys < seq_lens[:, None]
+        if self.sliding_window:
+            mask &= keys >= seq_lens[:, None] - self.sliding_window
         return DecodeGroup(
             token_idx=torch.from_numpy(token_idx).to(device),
             block_tables=torch.from_numpy(tables).to(device),
@@ -86,10 +93,13 @@ class TorchAttentionBackend(AttentionBackend):
         num_blocks = -(-seq_len // self.block_size)
         table = common.block_tables_cpu[b : b + 1, :num_blocks]
         mask = None
-        if seq_len > end - start:  # a cached prefix: attend through the block table
+        if seq_len > end - start or self.sliding_window:  # attend through the block table
             positions = np.arange(seq_len - (end - start), seq_len)
             keys = np.arange(num_blocks * self.block_size)
-            mask = torch.from_numpy(keys <= positions[:, None]).to(device)
+            visible = keys <= positions[:, None]
+            if self.sliding_window:
+                visible &= keys > positions[:, None] - self.sliding_window
+            mask = torch.from_numpy(visible).to(device)
         return PrefillSlice(
             start=start,
             end=end,

@@ -28,6 +28,21 @@ def test_each_architecture_parses(model_dirs):
     assert configs["mistral"].eos_token_ids == (2, 4)  # generation_config.json first
 
 
+@pytest.mark.parametrize(
+    ("fields", "window"),
+    [
+        ({"sliding_window": 4096}, 4096),
+        ({"sliding_window": None}, 0),
+        ({"sliding_window": 4096, "use_sliding_window": False}, 0),  # Qwen2's switch
+        ({"sliding_window": 1 << 20}, 0),  # no shorter than the model: no window
+    ],
+)
+def test_sliding_window_parses(model_dirs, fields, window):
+    raw = json.loads((model_dirs["mistral"] / "config.json").read_text())
+    raw["max_position_embeddings"] = 32768
+    assert ModelConfig.from_dict({**raw, **fields}).sliding_window == window
+
+
 def test_unsupported_architecture_is_named(llama_dir, tmp_path):
     raw = json.loads((llama_dir / "config.json").read_text())
     raw["architectures"] = ["GPT2LMHeadModel"]

@@ -16,7 +16,7 @@ from tandem.engine import LLM, SamplingParams
 from tandem.engine.attention import AttentionBatch
 from tandem.engine.request import Request
 from tandem.engine.scheduler import SchedulerOutput
-from tandem.engine.tiny_model import ARCHS
+from tandem.engine.tiny_model import ARCHS, make_model
 
 PROMPT_LENS = [1, 2, 17, 33, 64, 100, 180, 300]
 NUM_TOKENS = 32
@@ -78,6 +78,21 @@ def test_greedy_tokens_through_the_triton_kernels(model_dirs, arch):
         model_dirs[arch], [1, 5, 17, 40, 70], 12, 24, kernels="triton", block_size=4
     )
     assert llm.engine.runner.graphs is not None
+
+
+@pytest.fixture(scope="module")
+def windowed_mistral(tmp_path_factory):
+    """Mistral whose queries see only their last 8 tokens (1-2 blocks of 4 or 16)."""
+    return make_model(tmp_path_factory.mktemp("windowed"), arch="mistral", sliding_window=8)
+
+
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_sliding_window_tokens_identical_to_transformers(windowed_mistral, kernels):
+    """Chunked prefills over cached prefixes and decodes, all windowed, through both paths."""
+    llm = assert_greedy_parity(
+        windowed_mistral, [1, 9, 30, 70], 12, 24, kernels=kernels, block_size=4
+    )
+    assert llm.engine.config.model.sliding_window == 8
 
 
 @pytest.mark.gpu
