@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from device_timing import copy_bandwidth, describe, nominal_bandwidth, time_ms
+from device_timing import print_header, time_ms
 
 from tandem.engine.attention import AttentionBatch, CommonAttentionMetadata
 from tandem.engine.config import ModelConfig
@@ -151,15 +151,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=2048)
     parser.add_argument("--batches", default="1,8,64")
     args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
     torch.manual_seed(0)
-    print(f"command: {' '.join(sys.argv)}")
-    print(f"machine: {describe(device)}")
-    peak = nominal_bandwidth(device)
-    if device.type == "cuda":
-        copy = copy_bandwidth(device)
-        nominal = f"{peak / 1e12:.2f} TB/s" if peak else "unknown"
-        print(f"bandwidth: nominal {nominal}, measured copy {copy / 1e12:.2f} TB/s")
+    device, peak = print_header(args.smoke)
     if args.smoke:
         run(TINY, [1, 3], 40, device, torch.float32, peak)
         return

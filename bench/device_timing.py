@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -36,6 +37,20 @@ def describe(device: torch.device) -> str:
         f"{props.total_memory / 2**30:.0f} GiB; torch {torch.__version__}, "
         f"CUDA {torch.version.cuda}"
     )
+
+
+def print_header(smoke: bool) -> tuple[torch.device, float | None]:
+    """The device to run on (the CPU for `--smoke`), printed with the command and machine,
+    and its nominal bandwidth (None off the GPU), printed beside a measured copy."""
+    device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
+    print(f"command: {' '.join(sys.argv)}")
+    print(f"machine: {describe(device)}")
+    peak = nominal_bandwidth(device)
+    if device.type == "cuda":
+        copy = copy_bandwidth(device)
+        nominal = f"{peak / 1e12:.2f} TB/s" if peak else "unknown"
+        print(f"bandwidth: nominal {nominal}, measured copy {copy / 1e12:.2f} TB/s")
+    return device, peak
 
 
 def nominal_bandwidth(device: torch.device) -> float | None:

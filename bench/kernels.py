@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from device_timing import copy_bandwidth, describe, nominal_bandwidth, time_ms
+from device_timing import print_header, time_ms
 
 from tandem.kernels.attention_plan import plan_attention
 from tandem.kernels.paged_attention import unified_attention
@@ -168,14 +168,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter)")
     parser.add_argument("--max-kv-gib", type=float, default=24.0)
     args = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")
-    print(f"command: {' '.join(sys.argv)}")
-    print(f"machine: {describe(device)}")
-    peak = nominal_bandwidth(device)
-    if device.type == "cuda":
-        copy = copy_bandwidth(device)
-        nominal = f"{peak / 1e12:.2f} TB/s" if peak else "unknown"
-        print(f"bandwidth: nominal {nominal}, measured copy {copy / 1e12:.2f} TB/s")
+    device, peak = print_header(args.smoke)
     if args.smoke:
         bench_decode(SMOKE, [64], [1, 2], device, peak, args.max_kv_gib)
         bench_prefill(SMOKE, [(16, 0), (8, 24)], device)
