@@ -29,6 +29,7 @@ from tandem.engine.config import ModelConfig
 from tandem.engine.cuda_graphs import DecodeGraphs
 from tandem.engine.models.llama import LlamaForCausalLM
 from tandem.engine.triton_attention import TritonAttentionBackend
+from tandem.kernels.attention_plan import device_num_sms
 from tandem.kernels.ops import triton_ops
 
 LLAMA3_8B = {
@@ -80,24 +81,11 @@ class DecodeBench:
         qsl = np.arange(batch + 1, dtype=np.int32)
         pos = context - 1
         slots = tables[:, pos // BLOCK_SIZE].astype(np.int64) * BLOCK_SIZE + pos % BLOCK_SIZE
-        self.common = CommonAttentionMetadata(
-            query_start_loc=torch.from_numpy(qsl).to(device),
-            seq_lens=torch.from_numpy(seq_lens).to(device),
-            block_tables=torch.from_numpy(tables).to(device),
-            slot_mapping=torch.from_numpy(slots).to(device),
-            query_start_loc_cpu=qsl,
-            seq_lens_cpu=seq_lens,
-            block_tables_cpu=tables,
-            max_query_len=1,
-            max_seq_len=context,
-        )
+        self.common = CommonAttentionMetadata.from_host(qsl, seq_lens, tables, slots, device)
         self.input_ids = torch.randint(0, m.vocab_size, (batch,), device=device)
         self.positions = torch.full((batch,), pos, dtype=torch.long, device=device)
-        num_sms = None
-        if torch.device(device).type == "cuda":
-            num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.backend = TritonAttentionBackend(
-            m.num_kv_heads, m.num_heads // m.num_kv_heads, num_sms
+            m.num_kv_heads, m.num_heads // m.num_kv_heads, device_num_sms(device)
         )
         self.graphs = DecodeGraphs(
             self._forward, self.backend, batch, blocks_per_seq, context, torch.device(device)

@@ -19,16 +19,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.kernels
 
 from device_timing import print_header, time_ms
 
-from tandem.kernels.attention_plan import plan_attention
+from tandem.kernels.attention_plan import device_num_sms, plan_attention
 from tandem.kernels.paged_attention import unified_attention
+from tests.kernels.paged_batch import PagedBatch, paged_batch
 
 
 @dataclass(frozen=True)
@@ -43,45 +44,27 @@ class Shape:
 SMOKE = Shape(num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32)
 
 
-@dataclass(frozen=True)
-class PagedInputs:
-    query: torch.Tensor  # [T, Hq, D]
-    kv_layer: torch.Tensor  # [N, 2, bs, Hkv, D]
-    block_tables: torch.Tensor  # [B, MB] int32
-    seq_lens: torch.Tensor  # [B] int32
-    query_start_loc: torch.Tensor  # [B + 1] int32
-    query_start_loc_cpu: np.ndarray
-
-
 def paged_inputs(
-    shape: Shape, query_lens: list[int], seq_lens: list[int], device: torch.device
-) -> PagedInputs:
-    max_blocks = -(-max(seq_lens) // shape.block_size)
-    num_blocks = max_blocks * len(seq_lens)
-    kv = torch.randn(
-        (num_blocks, 2, shape.block_size, shape.num_kv_heads, shape.head_dim),
+    shape: Shape, query_lens: list[int], context_lens: list[int], device: torch.device
+) -> PagedBatch:
+    """Blocks scattered over a pool exactly as large as the batch needs."""
+    return paged_batch(
+        query_lens,
+        context_lens,
+        shape.num_heads,
+        shape.num_kv_heads,
+        shape.head_dim,
+        shape.block_size,
         dtype=shape.dtype,
         device=device,
-    )
-    tables = torch.randperm(num_blocks, device=device).view(len(seq_lens), max_blocks)
-    qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
-    query = torch.randn(
-        (int(qsl[-1]), shape.num_heads, shape.head_dim), dtype=shape.dtype, device=device
-    )
-    return PagedInputs(
-        query,
-        kv,
-        tables.int(),
-        torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        torch.from_numpy(qsl).to(device),
-        qsl,
+        pool_factor=1,
     )
 
 
-def attention_fn(x: PagedInputs, shape: Shape, num_sms: int | None):
+def attention_fn(x: PagedBatch, shape: Shape, num_sms: int | None):
     plan = plan_attention(
         x.query_start_loc_cpu,
-        int(x.seq_lens.max()),
+        x.max_seq_len,
         shape.num_kv_heads,
         shape.num_heads // shape.num_kv_heads,
         x.query.device,
@@ -94,7 +77,7 @@ def attention_fn(x: PagedInputs, shape: Shape, num_sms: int | None):
 
 
 def bench_decode(shape: Shape, contexts, batches, device, peak: float | None, max_gib: float):
-    num_sms = _num_sms(device)
+    num_sms = device_num_sms(device)
     elem = torch.empty((), dtype=shape.dtype).element_size()
     print("\n## decode attention (one query token per sequence)")
     print("| context | batch | splits | ours us | ours GB/s | % peak | SDPA us | SDPA GB/s |")
@@ -105,7 +88,7 @@ def bench_decode(shape: Shape, contexts, batches, device, peak: float | None, ma
             if kv_bytes > max_gib * 2**30:
                 print(f"| {context} | {batch} | - | skipped: {kv_bytes / 2**30:.0f} GiB of KV |")
                 continue
-            x = paged_inputs(shape, [1] * batch, [context] * batch, device)
+            x = paged_inputs(shape, [1] * batch, [context - 1] * batch, device)
             fn, plan = attention_fn(x, shape, num_sms)
             ms = time_ms(fn, device)
             moved = kv_bytes + 2 * x.query.numel() * elem
@@ -119,7 +102,7 @@ def bench_decode(shape: Shape, contexts, batches, device, peak: float | None, ma
             )
 
 
-def _sdpa_decode(x: PagedInputs, shape: Shape, context: int):
+def _sdpa_decode(x: PagedBatch, shape: Shape, context: int):
     """The same K/V gathered into [B, Hkv, S, D] once (untimed); SDPA then reads it."""
     batch = x.block_tables.shape[0]
     k = x.kv_layer[x.block_tables.long(), 0].reshape(batch, -1, shape.num_kv_heads, shape.head_dim)
@@ -131,12 +114,12 @@ def _sdpa_decode(x: PagedInputs, shape: Shape, context: int):
 
 
 def bench_prefill(shape: Shape, chunks: list[tuple[int, int]], device):
-    num_sms = _num_sms(device)
+    num_sms = device_num_sms(device)
     print("\n## prefill attention (one chunk, causal)")
     print("| chunk | cached prefix | ours ms | ours TFLOP/s | SDPA ms | SDPA TFLOP/s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for chunk, prefix in chunks:
-        x = paged_inputs(shape, [chunk], [prefix + chunk], device)
+        x = paged_inputs(shape, [chunk], [prefix], device)
         fn, _ = attention_fn(x, shape, num_sms)
         ms = time_ms(fn, device)
         pairs = chunk * prefix + chunk * (chunk + 1) / 2
@@ -148,19 +131,13 @@ def bench_prefill(shape: Shape, chunks: list[tuple[int, int]], device):
         print(f"| {chunk} | {prefix} | {ms:.3f} | {flops / (ms * 1e-3) / 1e12:.1f} | {sdpa} |")
 
 
-def _sdpa_prefill(x: PagedInputs, shape: Shape, chunk: int):
+def _sdpa_prefill(x: PagedBatch, shape: Shape, chunk: int):
     table = x.block_tables[0].long()
     k = x.kv_layer[table, 0].reshape(-1, shape.num_kv_heads, shape.head_dim)[:chunk]
     v = x.kv_layer[table, 1].reshape(-1, shape.num_kv_heads, shape.head_dim)[:chunk]
     q = x.query.transpose(0, 1)[None]  # [1, Hq, Q, D]
     k, v = k.transpose(0, 1)[None].contiguous(), v.transpose(0, 1)[None].contiguous()
     return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
-
-def _num_sms(device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def main() -> None:

@@ -38,6 +38,28 @@ class CommonAttentionMetadata:
     def num_seqs(self) -> int:
         return len(self.seq_lens_cpu)
 
+    @classmethod
+    def from_host(
+        cls,
+        query_start_loc: np.ndarray,  # [B + 1] int32
+        seq_lens: np.ndarray,  # [B] int32
+        block_tables: np.ndarray,  # [B, max_blocks] int32
+        slot_mapping: np.ndarray,  # [T] int64
+        device: torch.device,
+    ) -> CommonAttentionMetadata:
+        """The step's metadata from its host arrays (kept as the host copies)."""
+        return cls(
+            query_start_loc=torch.from_numpy(query_start_loc).to(device),
+            seq_lens=torch.from_numpy(seq_lens).to(device),
+            block_tables=torch.from_numpy(block_tables).to(device),
+            slot_mapping=torch.from_numpy(slot_mapping).to(device),
+            query_start_loc_cpu=query_start_loc,
+            seq_lens_cpu=seq_lens,
+            block_tables_cpu=block_tables,
+            max_query_len=int(np.diff(query_start_loc).max()),
+            max_seq_len=int(seq_lens.max()),
+        )
+
 
 class AttentionBackend(ABC):
     """Writes a layer's new K/V into the paged cache and attends over it.

@@ -197,16 +197,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
+KERNEL_BACKENDS = ("torch", "triton")
+
+
 def resolve_kernels(kernels: str, device: torch.device) -> str:
-    """`auto` is Triton on CUDA and the plain-torch references elsewhere."""
+    """`auto` is Triton on CUDA and the plain-torch references elsewhere; any other name
+    passes through to `EngineConfig`, which validates it."""
     if kernels == "auto":
         return "triton" if device.type == "cuda" else "torch"
-    if kernels not in KERNEL_BACKENDS:
-        raise ValueError(f"unknown kernels {kernels!r}; use auto, torch or triton")
     return kernels
-
-
-KERNEL_BACKENDS = ("torch", "triton")
 
 
 @dataclass(frozen=True)
@@ -257,7 +256,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.kernels not in KERNEL_BACKENDS:
-            raise ValueError(f"unknown kernels {self.kernels!r}; use torch or triton")
+            raise ValueError(f"unknown kernels {self.kernels!r}; use auto, torch or triton")
         if self.cuda_graphs and self.kernels != "triton":
             raise ValueError("CUDA graphs need the Triton kernels (kernels='triton')")
         max_len = self.scheduler.max_model_len

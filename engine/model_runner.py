@@ -21,6 +21,7 @@ from tandem.engine.request import Request
 from tandem.engine.sampler import Sampler
 from tandem.engine.scheduler import ModelRunnerOutput, SchedulerOutput
 from tandem.engine.torch_attention import TorchAttentionBackend
+from tandem.kernels.attention_plan import device_num_sms
 from tandem.kernels.ops import kernel_ops
 
 
@@ -31,11 +32,11 @@ def select_attention_backend(config: EngineConfig) -> AttentionBackend:
         return TorchAttentionBackend(config.cache.block_size, sliding_window=m.sliding_window)
     from tandem.engine.triton_attention import TritonAttentionBackend
 
-    num_sms = None
-    if config.device.type == "cuda":
-        num_sms = torch.cuda.get_device_properties(config.device).multi_processor_count
     return TritonAttentionBackend(
-        m.num_kv_heads, m.num_heads // m.num_kv_heads, num_sms, sliding_window=m.sliding_window
+        m.num_kv_heads,
+        m.num_heads // m.num_kv_heads,
+        device_num_sms(config.device),
+        sliding_window=m.sliding_window,
     )
 
 
@@ -158,26 +159,12 @@ class ModelRunner:
         rows = np.repeat(np.arange(len(requests)), num_sched)
         slots = block_tables[rows, positions // self.block_size].astype(np.int64)
         slots = slots * self.block_size + positions % self.block_size  # [T]
-        common = self._common_metadata(query_start_loc, seq_lens, block_tables, slots)
+        common = CommonAttentionMetadata.from_host(
+            query_start_loc, seq_lens, block_tables, slots, self.device
+        )
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos = torch.from_numpy(positions.astype(np.int64)).to(self.device)
         return ids, pos, common, sample_rows
-
-    def _common_metadata(
-        self, qsl: np.ndarray, seq_lens: np.ndarray, tables: np.ndarray, slots: np.ndarray
-    ) -> CommonAttentionMetadata:
-        dev = self.device
-        return CommonAttentionMetadata(
-            query_start_loc=torch.from_numpy(qsl).to(dev),
-            seq_lens=torch.from_numpy(seq_lens).to(dev),
-            block_tables=torch.from_numpy(tables).to(dev),
-            slot_mapping=torch.from_numpy(slots).to(dev),
-            query_start_loc_cpu=qsl,
-            seq_lens_cpu=seq_lens,
-            block_tables_cpu=tables,
-            max_query_len=int(np.diff(qsl).max()),
-            max_seq_len=int(seq_lens.max()),
-        )
 
 
 def _pad_tables(tables: list[list[int]]) -> np.ndarray:

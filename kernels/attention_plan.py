@@ -51,6 +51,13 @@ def block_shape(max_query_len: int, group: int) -> tuple[int, int]:
     return block_m // group_pad, block_m
 
 
+def device_num_sms(device: torch.device) -> int | None:
+    """Multiprocessors of a CUDA device; None elsewhere (no split-KV planning)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def choose_num_splits(num_programs: int, max_seq_len: int, num_sms: int | None) -> int:
     """Enough splits to give every multiprocessor two programs, when the contexts are long
     enough to share; 1 off the GPU (`num_sms` None)."""

@@ -58,21 +58,17 @@ def rms_norm(
     x2 = x.reshape(-1, hidden_size)  # [T, H]; copies only a non-viewable input
     assert x2.stride(-1) == 1, x2.stride()
     out = torch.empty(x2.shape, dtype=torch.result_type(x, weight), device=x.device)
-    residual_out = None
-    r2 = x2
+    r2 = sum_out = x2  # placeholders the kernel neither reads nor writes without a residual
     if residual is not None:
         assert residual.shape == shape and residual.dtype == x.dtype, (residual.shape, shape)
         r2 = residual.reshape(-1, hidden_size)
-        residual_out = torch.empty_like(x2)
+        sum_out = torch.empty_like(x2)
     if x2.shape[0] > 0:
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, r2, weight, out, x2 if residual_out is None else residual_out,
-            x2.stride(0), r2.stride(0), out.stride(0),
-            (x2 if residual_out is None else residual_out).stride(0),
+            x2, r2, weight, out, sum_out,
+            x2.stride(0), r2.stride(0), out.stride(0), sum_out.stride(0),
             hidden_size, eps,
             HAS_RESIDUAL=residual is not None,
             BLOCK_H=next_power_of_2(hidden_size),
         )  # fmt: skip
-    if residual_out is not None:
-        residual_out = residual_out.view(shape)
-    return out.view(shape), residual_out
+    return out.view(shape), None if residual is None else sum_out.view(shape)

@@ -84,17 +84,8 @@ def test_backend_on_a_mixed_batch_with_scattered_blocks(
         for i, (c, n) in enumerate(seqs)
         for p in range(c, c + n)
     ]
-    common = CommonAttentionMetadata(
-        query_start_loc=torch.from_numpy(qsl),
-        seq_lens=torch.from_numpy(seq_lens),
-        block_tables=torch.from_numpy(bt),
-        slot_mapping=torch.tensor(slots),
-        query_start_loc_cpu=qsl,
-        seq_lens_cpu=seq_lens,
-        block_tables_cpu=bt,
-        max_query_len=max(query_lens),
-        max_seq_len=int(seq_lens.max()),
-    )
+    slot_mapping = np.array(slots, dtype=np.int64)
+    common = CommonAttentionMetadata.from_host(qsl, seq_lens, bt, slot_mapping, torch.device("cpu"))
     q = torch.randn(int(qsl[-1]), num_heads, head_dim)
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, seqs)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, seqs)])
