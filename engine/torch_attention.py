@@ -52,6 +52,8 @@ class TorchAttentionBackend(AttentionBackend):
         self.block_size = block_size
         self.decode_group_size = decode_group_size
         self.sliding_window = sliding_window
+        # Reused by every gather: fresh multi-MiB outputs each layer would cost page faults.
+        self._workspace = torch.empty(0)
 
     def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
         query_lens = np.diff(common.query_start_loc_cpu)
@@ -121,7 +123,7 @@ class TorchAttentionBackend(AttentionBackend):
         num_kv_heads, head_dim = key.shape[1], key.shape[2]
         group = query.shape[1] // num_kv_heads
         for g in metadata.decodes:
-            k, v = gather_kv_ref(kv_layer, g.block_tables)  # [Bg, S, Hkv, D]
+            k, v = self._gather(kv_layer, g.block_tables)  # [Bg, S, Hkv, D]
             q = query[g.token_idx].view(-1, num_kv_heads, group, head_dim)  # [Bg, Hkv, G, D]
             o = F.scaled_dot_product_attention(
                 q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=g.mask, scale=scale
@@ -131,7 +133,7 @@ class TorchAttentionBackend(AttentionBackend):
             if p.mask is None:
                 k, v = key[None, p.start : p.end], value[None, p.start : p.end]
             else:
-                k, v = gather_kv_ref(kv_layer, p.block_table)  # [1, S, Hkv, D]
+                k, v = self._gather(kv_layer, p.block_table)  # [1, S, Hkv, D]
             q = query[p.start : p.end].transpose(0, 1)[None]  # [1, Hq, Q, D]
             o = F.scaled_dot_product_attention(
                 q,
@@ -144,3 +146,15 @@ class TorchAttentionBackend(AttentionBackend):
             )  # [1, Hq, Q, D]
             out[p.start : p.end] = o[0].transpose(0, 1)
         return out
+
+    def _gather(
+        self,
+        kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+        block_tables: torch.Tensor,  # [B, MB]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # two [B, MB * bs, Hkv, D] views of the workspace
+        needed = 2 * block_tables.numel() * kv_layer[0, 0].numel()
+        ws = self._workspace
+        if ws.numel() < needed or ws.dtype != kv_layer.dtype or ws.device != kv_layer.device:
+            size = max(needed, 2 * ws.numel() if ws.dtype == kv_layer.dtype else 0)
+            self._workspace = ws = torch.empty(size, dtype=kv_layer.dtype, device=kv_layer.device)
+        return gather_kv_ref(kv_layer, block_tables, ws)

@@ -30,11 +30,13 @@ def write_kv_ref(
 def gather_kv_ref(
     kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
     block_tables: torch.Tensor,  # [B, MB] int
+    workspace: torch.Tensor | None = None,  # flat, >= 2 * B * MB * bs * Hkv * D elements
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of each sequence laid out contiguously: two [B, MB * bs, Hkv, D] tensors.
 
     K and V are gathered separately so that each is copied once (gathering both and then
-    splitting would copy twice).
+    splitting would copy twice). With a `workspace` (same dtype and device as the cache)
+    both are written into it and returned as views of it, so no memory is allocated.
     """
     num_seqs, max_blocks = block_tables.shape
     _, _, block_size, num_kv_heads, head_dim = kv_layer.shape
@@ -42,8 +44,13 @@ def gather_kv_ref(
     shape = (num_seqs, max_blocks * block_size, num_kv_heads, head_dim)
     # Each block's K (or V) is one contiguous row: index_select copies rows, the fastest
     # gather torch has on the CPU.
-    k = kv_layer.select(1, 0).flatten(1).index_select(0, index)
-    v = kv_layer.select(1, 1).flatten(1).index_select(0, index)
+    k_rows, v_rows = kv_layer.select(1, 0).flatten(1), kv_layer.select(1, 1).flatten(1)
+    if workspace is None:
+        return k_rows.index_select(0, index).view(shape), v_rows.index_select(0, index).view(shape)
+    rows = (index.numel(), k_rows.shape[1])
+    size = rows[0] * rows[1]
+    k = torch.index_select(k_rows, 0, index, out=workspace[:size].view(rows))
+    v = torch.index_select(v_rows, 0, index, out=workspace[size : 2 * size].view(rows))
     return k.view(shape), v.view(shape)
 
 

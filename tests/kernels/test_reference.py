@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from tandem.engine.attention import CommonAttentionMetadata
 from tandem.engine.torch_attention import TorchAttentionBackend
-from tandem.kernels.reference import attention_ref, rotary_ref, write_kv_ref
+from tandem.kernels.reference import attention_ref, gather_kv_ref, rotary_ref, write_kv_ref
 
 
 def dense_attention(q, k, v, scale):  # q [Q, Hq, D], k/v [S, Hkv, D], queries are the last Q
@@ -31,6 +31,20 @@ def test_write_kv_skips_negative_slots():
     assert torch.equal(cache[1, 0, 1, 0], key[0, 0])
     assert torch.equal(cache[3, 1, 2, 0], -key[2, 0])
     assert int((cache != 0).any(-1).sum()) == 4  # two slots, K and V each
+
+
+def test_gather_into_a_workspace_matches_a_fresh_gather():
+    torch.manual_seed(0)
+    kv_layer = torch.randn(10, 2, 4, 2, 3)  # [N, 2, bs, Hkv, D]
+    tables = torch.tensor([[7, 2, 9], [0, 5, 5]])
+    workspace = torch.full((2 * 6 * 4 * 2 * 3 + 5,), float("nan"))
+    k, v = gather_kv_ref(kv_layer, tables, workspace)
+    k_ref, v_ref = gather_kv_ref(kv_layer, tables)
+    assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
+    assert torch.equal(k[0, 4:8], kv_layer[2, 0]) and torch.equal(v[1, 8:], kv_layer[5, 1])
+    # both are views of the workspace, not new memory
+    assert k.untyped_storage().data_ptr() == workspace.untyped_storage().data_ptr()
+    assert v.data_ptr() == k.data_ptr() + k.numel() * k.element_size()
 
 
 def test_rotary_matches_transformers():
@@ -94,6 +108,9 @@ def test_backend_on_a_mixed_batch_with_scattered_blocks(
     assert len(metadata.decodes) == -(-4 // decode_group_size)
     assert len(metadata.prefills) == 2
     out = backend.forward(q, new_k, new_v, kv_layer, metadata, scale=0.25)
+    workspace = backend._workspace
+    again = backend.forward(q, new_k, new_v, kv_layer, metadata, scale=0.25)
+    assert torch.equal(again, out) and backend._workspace is workspace  # reused, not regrown
     for i in range(len(seqs)):
         s, e = int(qsl[i]), int(qsl[i + 1])
         expected = dense_attention(q[s:e], full_k[i], full_v[i], scale=0.25)
