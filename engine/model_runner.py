@@ -29,7 +29,9 @@ def select_attention_backend(config: EngineConfig) -> AttentionBackend:
     """The plain-torch backend with the torch kernels; Triton's with the Triton kernels."""
     m = config.model
     if config.kernels == "torch":
-        return TorchAttentionBackend(config.cache.block_size, sliding_window=m.sliding_window)
+        return TorchAttentionBackend(
+            config.cache.block_size, sliding_window=m.sliding_window, dtype=config.dtype
+        )
     from tandem.engine.triton_attention import TritonAttentionBackend
 
     return TritonAttentionBackend(

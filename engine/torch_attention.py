@@ -24,7 +24,7 @@ from tandem.kernels.reference import gather_kv_ref, write_kv_ref
 class DecodeGroup:
     token_idx: torch.Tensor  # [Bg] int64: rows of the flat batch
     block_tables: torch.Tensor  # [Bg, MBg] int
-    mask: torch.Tensor  # [Bg, 1, 1, MBg * bs] bool: key j < seq_len
+    mask: torch.Tensor  # [Bg, 1, 1, MBg * bs] additive: 0 where key j < seq_len, else -inf
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,9 @@ class PrefillSlice:
     start: int
     end: int
     block_table: torch.Tensor  # [1, num_blocks] int
-    # [Q, num_blocks * bs] bool, causal and bottom-right aligned (and windowed); None when
-    # the chunk is the whole context and no window applies: K/V come straight from the step.
+    # [Q, num_blocks * bs] additive (0 or -inf), causal and bottom-right aligned (and
+    # windowed); None when the chunk is the whole context and no window applies: K/V come
+    # straight from the step.
     mask: torch.Tensor | None
 
 
@@ -46,12 +47,20 @@ class TorchAttentionMetadata:
 
 class TorchAttentionBackend(AttentionBackend):
     def __init__(
-        self, block_size: int, decode_group_size: int = 16, *, sliding_window: int = 0
+        self,
+        block_size: int,
+        decode_group_size: int = 16,
+        *,
+        sliding_window: int = 0,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
-        """`sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p."""
+        """`sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p. `dtype`:
+        the queries' dtype, in which the masks are built once per step (SDPA would otherwise
+        turn a boolean mask into an additive one in every layer)."""
         self.block_size = block_size
         self.decode_group_size = decode_group_size
         self.sliding_window = sliding_window
+        self.dtype = dtype
         # Reused by every gather: fresh multi-MiB outputs each layer would cost page faults.
         self._workspace = torch.empty(0)
 
@@ -84,7 +93,7 @@ class TorchAttentionBackend(AttentionBackend):
         return DecodeGroup(
             token_idx=torch.from_numpy(token_idx).to(device),
             block_tables=torch.from_numpy(tables).to(device),
-            mask=torch.from_numpy(mask[:, None, None]).to(device),
+            mask=self._additive(mask[:, None, None], device),
         )
 
     def _prefill_slice(
@@ -101,13 +110,19 @@ class TorchAttentionBackend(AttentionBackend):
             visible = keys <= positions[:, None]
             if self.sliding_window:
                 visible &= keys > positions[:, None] - self.sliding_window
-            mask = torch.from_numpy(visible).to(device)
+            mask = self._additive(visible, device)
         return PrefillSlice(
             start=start,
             end=end,
             block_table=torch.from_numpy(np.ascontiguousarray(table)).to(device),
             mask=mask,
         )
+
+    def _additive(self, visible: np.ndarray, device: torch.device) -> torch.Tensor:
+        """0 where `visible`, -inf elsewhere. Every query sees at least one key (itself),
+        so no row is all -inf."""
+        mask = np.where(visible, np.float32(0), np.float32(-np.inf))
+        return torch.from_numpy(mask).to(device=device, dtype=self.dtype)
 
     def forward(
         self,

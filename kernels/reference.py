@@ -144,19 +144,46 @@ def rms_norm_ref(
 
 def rotary_ref(
     positions: torch.Tensor,  # [T] int
-    query: torch.Tensor,  # [T, Hq, D]
-    key: torch.Tensor,  # [T, Hkv, D]
+    query: torch.Tensor,  # [T, Hq, D], rotated in place
+    key: torch.Tensor,  # [T, Hkv, D], rotated in place
     cos_sin_cache: torch.Tensor,  # [max_pos, D]: cos in [:, :D/2], sin in [:, D/2:]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Neox-style rotary embedding (rotate the two halves), as Llama in transformers."""
+    """Neox-style rotary embedding (rotate the two halves), as Llama in transformers,
+    computed in float32. Rotates in place, like the Triton kernel, and returns the pair."""
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
-    cos, sin = cos[:, None], sin[:, None]
-    return _rotate(query, cos, sin), _rotate(key, cos, sin)
+    cos, sin = cos[:, None], sin[:, None]  # [T, 1, D/2]
+    for heads in _joint_heads(query, key):
+        _rotate_(heads, cos, sin)
+    return query, key
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+def _joint_heads(query: torch.Tensor, key: torch.Tensor) -> list[torch.Tensor]:
+    """[q, k], or one [T, Hq + Hkv, D] view of both when each row's key heads directly
+    follow its query heads (the fused qkv projection's output), so every op runs once."""
+    num_tokens, num_heads, head_dim = query.shape
+    adjacent = (
+        key.dtype == query.dtype
+        and query.stride() == key.stride()
+        and query.stride()[1:] == (head_dim, 1)
+        and key.data_ptr() == query.data_ptr() + num_heads * head_dim * query.element_size()
+    )
+    if not adjacent:
+        return [query, key]
+    shape = (num_tokens, num_heads + key.shape[1], head_dim)
+    return [query.as_strided(shape, query.stride())]
+
+
+def _rotate_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """x [T, H, D] <- (x1 cos - x2 sin, x2 cos + x1 sin), each half [T, H, D/2]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    if x.dtype != torch.float32:
+        f1, f2 = x1.float(), x2.float()
+        x1.copy_(f1 * cos - f2 * sin)
+        x2.copy_(f2 * cos + f1 * sin)
+        return
+    x1_sin, x2_sin = x1 * sin, x2 * sin
+    x1.mul_(cos).sub_(x2_sin)
+    x2.mul_(cos).add_(x1_sin)
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]

@@ -55,13 +55,32 @@ def test_rotary_matches_transformers():
     freqs = torch.outer(torch.arange(128).float(), inv_freq)
     cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
     q, k = torch.randn(4, 3, dim), torch.randn(4, 1, dim)
-    ours_q, ours_k = rotary_ref(positions, q, k, cache)
+    ours_q, ours_k = rotary_ref(positions, q.clone(), k.clone(), cache)
     emb = torch.cat((freqs[positions], freqs[positions]), dim=-1)
     ref_q, ref_k = apply_rotary_pos_emb(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], emb.cos()[None], emb.sin()[None]
     )
     torch.testing.assert_close(ours_q, ref_q[0].transpose(0, 1))
     torch.testing.assert_close(ours_k, ref_k[0].transpose(0, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_rotates_a_fused_qkv_buffer_in_place(dtype):
+    dim, positions = 16, torch.tensor([0, 3, 17, 100, 3])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.outer(torch.arange(128).float(), inv_freq)
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    qkv = torch.randn(5, (4 + 2 + 2) * dim).to(dtype)  # [T, (Hq + 2 Hkv) D], as projected
+    q = qkv[:, : 4 * dim].view(5, 4, dim)
+    k = qkv[:, 4 * dim : 6 * dim].view(5, 2, dim)
+    v_before, q_before, k_before = qkv[:, 6 * dim :].clone(), q.clone(), k.clone()
+    # q and k apart (fresh tensors) go through the per-tensor path
+    apart_q, apart_k = rotary_ref(positions, q.clone(), k.clone(), cache)
+    out_q, out_k = rotary_ref(positions, q, k, cache)  # adjacent in qkv: one joint view
+    assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()
+    assert not torch.equal(q, q_before) and not torch.equal(k, k_before)
+    assert torch.equal(out_q, apart_q) and torch.equal(out_k, apart_k)
+    assert torch.equal(qkv[:, 6 * dim :], v_before), "rotary touched the values"
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (8, 1)])
