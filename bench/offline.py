@@ -1,19 +1,22 @@
 """Offline throughput: Tandem's engine against transformers' batched `generate`.
 
-Same random Llama-shaped checkpoint, same requests (fixed seed), greedy, EOS ignored so
+Same random Llama-shaped checkpoint, same requests (fixed seeds), greedy, EOS ignored so
 every request produces exactly its output length. Useful output tokens per second for both,
-and their ratio. transformers runs the batch statically: every sequence is padded to the
-longest prompt and decodes until the longest output, which is how it serves a batch.
+and their ratio, over `--repeats` workloads of the same shape after one untimed warm-up.
+transformers runs each batch statically: every sequence is padded to the longest prompt
+and decodes until the longest output, which is how it serves a batch.
 
-    python bench/offline.py [--num-requests 64] [--threads 2] [--profile]
+    python bench/offline.py [--num-requests 64] [--repeats 3] [--threads 2] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import random
+import resource
 import sys
 import tempfile
 import time
@@ -35,41 +38,60 @@ def requests(n: int, seed: int, vocab: int, prompt_range, output_range):
     return prompts, outputs
 
 
-def run_tandem(model_dir, prompts, out_lens, warmup, args):
+def run_tandem(model_dir, warmup, workloads, args):
+    """Serves `warmup` untimed, then each workload: [(output token ids, seconds)]."""
     llm = LLM(
         str(model_dir),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )
-    warm_prompts, warm_lens = warmup
-    warm_params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in warm_lens]
-    llm.generate(prompt_token_ids=warm_prompts, sampling_params=warm_params, use_tqdm=False)
-    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in out_lens]
-    profiler = None
-    if args.profile:
-        from pyinstrument import Profiler
+    _tandem_generate(llm, *warmup)
+    results = []
+    for i, (prompts, out_lens) in enumerate(workloads):
+        profiler = None
+        if args.profile and i == 0:
+            from pyinstrument import Profiler
 
-        profiler = Profiler(interval=0.0005)
-        profiler.start()
-    start = time.perf_counter()
+            profiler = Profiler(interval=0.0005)
+            profiler.start()
+        with _timed(results):
+            outs = _tandem_generate(llm, prompts, out_lens)
+        results[-1][0] = outs
+        if profiler is not None:
+            profiler.stop()
+            print(profiler.output_text(unicode=False, color=False, show_all=False))
+    return results
+
+
+def _tandem_generate(llm, prompts, out_lens):
+    params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in out_lens]
     outs = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    if profiler is not None:
-        profiler.stop()
-        print(profiler.output_text(unicode=False, color=False, show_all=False))
-    return [o.outputs[0].token_ids for o in outs], elapsed
+    return [o.outputs[0].token_ids for o in outs]
 
 
 @torch.inference_mode()
-def run_transformers(model_dir, prompts, out_lens, warmup):
+def run_transformers(model_dir, warmup, workloads):
+    """Same protocol as `run_tandem`, with batched `generate`."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     _hf_generate(model, *warmup)
+    results = []
+    for prompts, out_lens in workloads:
+        with _timed(results):
+            outs = _hf_generate(model, prompts, out_lens)
+        results[-1][0] = outs
+    return results
+
+
+@contextlib.contextmanager
+def _timed(results):
+    """Appends [outputs (filled by the caller), seconds, minor page faults] to `results`."""
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
-    out, width = _hf_generate(model, prompts, out_lens)
+    yield
     elapsed = time.perf_counter() - start
-    return [out[i, width : width + m].tolist() for i, m in enumerate(out_lens)], elapsed
+    results.append([None, elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults])
 
 
 def _hf_generate(model, prompts, out_lens):
@@ -88,50 +110,69 @@ def _hf_generate(model, prompts, out_lens):
         do_sample=False,
         pad_token_id=0,
     )
-    return out, width
+    return [out[i, width : width + m].tolist() for i, m in enumerate(out_lens)]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="timed workloads per system")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--model", default=None, help="model folder (default: a random one)")
     parser.add_argument("--skip-transformers", action="store_true")
-    parser.add_argument("--profile", action="store_true", help="pyinstrument the Tandem run")
+    parser.add_argument("--profile", action="store_true", help="pyinstrument Tandem's first")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     model_dir = args.model or make_model(Path(tempfile.mkdtemp()) / "small", "llama", "small")
     n_params = sum(t.numel() for t in _tensors(model_dir))
     vocab = ModelConfig.from_pretrained(model_dir).vocab_size
-    prompts, out_lens = requests(args.num_requests, args.seed, vocab, (16, 512), (16, 256))
-    # Both systems first serve a workload of the same shape drawn with another seed, so the
-    # timed run sees a warm process (allocator grown, pages mapped) and no prefix-cache hits.
-    warmup = requests(args.num_requests, args.seed + 1, vocab, (16, 512), (16, 256))
-    total_out = sum(out_lens)
+    # Timed workloads use seeds seed .. seed + repeats - 1. Both systems first serve one
+    # more of the same shape (the next seed), so every timed run sees a warm process
+    # (allocator grown, pages mapped); fresh prompts each time mean no prefix-cache hits.
+    workloads = [
+        requests(args.num_requests, args.seed + r, vocab, (16, 512), (16, 256))
+        for r in range(args.repeats + 1)
+    ]
+    warmup, workloads = workloads[-1], workloads[:-1]
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(
         f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
         f"torch {torch.__version__}, {args.threads} threads"
     )
     print(f"model: random llama, {n_params / 1e6:.1f}M parameters, float32, CPU")
-    print(
-        f"requests: {len(prompts)}, prompt tokens {sum(map(len, prompts))}, "
-        f"output tokens {total_out}"
-    )
+    out_tokens = [sum(out_lens) for _, out_lens in workloads]
+    for r, (prompts, _) in enumerate(workloads):
+        print(
+            f"workload {r}: {len(prompts)} requests, prompt tokens {sum(map(len, prompts))}, "
+            f"output tokens {out_tokens[r]}"
+        )
 
-    ours, t_ours = run_tandem(model_dir, prompts, out_lens, warmup, args)
-    print(f"tandem:       {t_ours:7.2f} s  {total_out / t_ours:8.1f} output tok/s")
+    ours = run_tandem(model_dir, warmup, workloads, args)
+    _report("tandem", ours, out_tokens)
     if args.skip_transformers:
         return
-    theirs, t_hf = run_transformers(model_dir, prompts, out_lens, warmup)
-    print(f"transformers: {t_hf:7.2f} s  {total_out / t_hf:8.1f} output tok/s")
-    print(f"ratio: {t_hf / t_ours:.2f}x")
-    same = sum(a == b for a, b in zip(ours, theirs))
-    print(f"identical greedy outputs: {same}/{len(ours)}")
+    theirs = run_transformers(model_dir, warmup, workloads)
+    _report("transformers", theirs, out_tokens)
+    t_ours, t_hf = sum(r[1] for r in ours), sum(r[1] for r in theirs)
+    each = ", ".join(f"{b[1] / a[1]:.2f}x" for a, b in zip(ours, theirs))
+    print(f"ratio: {t_hf / t_ours:.2f}x over all workloads (each: {each})")
+    pairs = [(a, b) for x, y in zip(ours, theirs) for a, b in zip(x[0], y[0])]
+    same = sum(a == b for a, b in pairs)
+    print(f"identical greedy outputs: {same}/{len(pairs)}")
+
+
+def _report(name, results, out_tokens):
+    total = sum(t for _, t, _ in results)
+    times = ", ".join(f"{t:.2f}" for _, t, _ in results)
+    faults = ", ".join(str(f) for _, _, f in results)
+    print(
+        f"{name + ':':14}{total:7.2f} s  {sum(out_tokens) / total:8.1f} output tok/s  "
+        f"({times} s; page faults {faults})"
+    )
 
 
 def _tensors(model_dir):
