@@ -161,15 +161,17 @@ def _joint_heads(query: torch.Tensor, key: torch.Tensor) -> list[torch.Tensor]:
     """[q, k], or one [T, Hq + Hkv, D] view of both when each row's key heads directly
     follow its query heads (the fused qkv projection's output), so every op runs once."""
     num_tokens, num_heads, head_dim = query.shape
+    shape = (num_tokens, num_heads + key.shape[1], head_dim)
     adjacent = (
         key.dtype == query.dtype
+        and key.shape[0] == num_tokens
         and query.stride() == key.stride()
         and query.stride()[1:] == (head_dim, 1)
+        and query.stride(0) >= shape[1] * head_dim  # rows of the joint view do not overlap
         and key.data_ptr() == query.data_ptr() + num_heads * head_dim * query.element_size()
     )
     if not adjacent:
         return [query, key]
-    shape = (num_tokens, num_heads + key.shape[1], head_dim)
     return [query.as_strided(shape, query.stride())]
 
 

@@ -9,7 +9,13 @@ import torch.nn.functional as F
 
 from tandem.engine.attention import CommonAttentionMetadata
 from tandem.engine.torch_attention import TorchAttentionBackend
-from tandem.kernels.reference import attention_ref, gather_kv_ref, rotary_ref, write_kv_ref
+from tandem.kernels.reference import (
+    _joint_heads,
+    attention_ref,
+    gather_kv_ref,
+    rotary_ref,
+    write_kv_ref,
+)
 
 
 def dense_attention(q, k, v, scale):  # q [Q, Hq, D], k/v [S, Hkv, D], queries are the last Q
@@ -81,6 +87,17 @@ def test_rotary_rotates_a_fused_qkv_buffer_in_place(dtype):
     assert not torch.equal(q, q_before) and not torch.equal(k, k_before)
     assert torch.equal(out_q, apart_q) and torch.equal(out_k, apart_k)
     assert torch.equal(qkv[:, 6 * dim :], v_before), "rotary touched the values"
+
+
+def test_rotary_joins_query_and_key_only_when_they_tile_each_row():
+    qkv = torch.randn(5, (4 + 2 + 2) * 8)
+    q, k = qkv[:, :32].view(5, 4, 8), qkv[:, 32:48].view(5, 2, 8)
+    (joint,) = _joint_heads(q, k)
+    assert joint.shape == (5, 6, 8) and torch.equal(joint[:, 4:], k)
+    rows = torch.randn(6, 2, 8)  # key = query shifted one row: a joint view would overlap
+    assert len(_joint_heads(rows[:5], rows[1:])) == 2
+    assert len(_joint_heads(q, k.clone())) == 2  # separate tensors
+    assert len(_joint_heads(q, qkv[:, 40:56].view(5, 2, 8))) == 2  # a gap between them
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (8, 1)])
