@@ -12,7 +12,6 @@ and decodes until the longest output, which is how it serves a batch.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import platform
 import random
@@ -39,7 +38,7 @@ def requests(n: int, seed: int, vocab: int, prompt_range, output_range):
 
 
 def run_tandem(model_dir, warmup, workloads, args):
-    """Serves `warmup` untimed, then each workload: [(output token ids, seconds)]."""
+    """Serves `warmup` untimed, then each workload: [(output token ids, seconds, faults)]."""
     llm = LLM(
         str(model_dir),
         max_num_seqs=args.max_num_seqs,
@@ -54,9 +53,7 @@ def run_tandem(model_dir, warmup, workloads, args):
 
             profiler = Profiler(interval=0.0005)
             profiler.start()
-        with _timed(results):
-            outs = _tandem_generate(llm, prompts, out_lens)
-        results[-1][0] = outs
+        results.append(_measure(_tandem_generate, llm, prompts, out_lens))
         if profiler is not None:
             profiler.stop()
             print(profiler.output_text(unicode=False, color=False, show_all=False))
@@ -76,22 +73,16 @@ def run_transformers(model_dir, warmup, workloads):
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     _hf_generate(model, *warmup)
-    results = []
-    for prompts, out_lens in workloads:
-        with _timed(results):
-            outs = _hf_generate(model, prompts, out_lens)
-        results[-1][0] = outs
-    return results
+    return [_measure(_hf_generate, model, prompts, out_lens) for prompts, out_lens in workloads]
 
 
-@contextlib.contextmanager
-def _timed(results):
-    """Appends [outputs (filled by the caller), seconds, minor page faults] to `results`."""
+def _measure(generate, *args):
+    """(generate(*args), seconds, minor page faults taken meanwhile)."""
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     start = time.perf_counter()
-    yield
+    outs = generate(*args)
     elapsed = time.perf_counter() - start
-    results.append([None, elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults])
+    return outs, elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 
 def _hf_generate(model, prompts, out_lens):
