@@ -6,7 +6,7 @@
 2. Time to first token of one disaggregated request through real prefill and decode node
    processes, broken into queue, remote prefill, transfer and the first decode step.
 
-    python -P bench/transfer.py [--block-kib 2048] [--skip-ttft]
+    python -P bench/transfer.py [--block-kib 2048] [--skip-ttft] [--smoke]
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
 from tests.disagg.nodes import Node, start_all
 
 RUNS = (1, 4, 16, 64, 128, 512)
+SMOKE_RUNS = (1, 4)
+POLL_S = 0.001  # the decode node's wait between polls while a remote prefill is due
 
 
 def _target(conn, num_blocks: int, block_bytes: int, device: str) -> None:
@@ -37,7 +39,12 @@ def _target(conn, num_blocks: int, block_bytes: int, device: str) -> None:
     cache = torch.zeros(num_blocks, block_bytes, dtype=torch.uint8, device=device)
     agent = KVTransferAgent(new_agent_name("bench-decode"), cache)
     conn.send(agent.info())
-    conn.recv()  # until the writer is done
+    # Until the writer is done, poll the agent every millisecond, as a decode node does while
+    # it waits for remote prefills: our agents run no progress thread, and UCX only answers
+    # the writer's connection handshake when the target makes progress.
+    while not conn.poll(POLL_S):
+        agent.notifications()
+    conn.recv()
 
 
 def _time(fn, repeat: int) -> float:
@@ -50,8 +57,10 @@ def _time(fn, repeat: int) -> float:
     return statistics.median(samples)
 
 
-def bench_throughput(block_bytes: int, device: str, repeat: int) -> list[tuple]:
-    num_blocks = max(RUNS)
+def bench_throughput(
+    block_bytes: int, device: str, repeat: int, runs: tuple[int, ...] = RUNS
+) -> list[tuple]:
+    num_blocks = max(runs)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
     proc = ctx.Process(target=_target, args=(there, num_blocks, block_bytes, device))
@@ -62,7 +71,7 @@ def bench_throughput(block_bytes: int, device: str, repeat: int) -> list[tuple]:
     agent.connect(info)
     local = torch.zeros_like(src)
     rows = []
-    for n in RUNS:
+    for n in runs:
         ids = list(range(n))
 
         def write(ids=ids) -> None:
@@ -130,7 +139,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-ttft", action="store_true")
     parser.add_argument("--model", type=Path, default=None, help="default: a new small model")
+    parser.add_argument(
+        "--smoke", action="store_true", help="64 KiB blocks, runs of 1 and 4, one repeat"
+    )
     args = parser.parse_args()
+    runs = RUNS
+    if args.smoke:
+        args.block_kib, args.repeat, runs = 64, 1, SMOKE_RUNS
     torch.set_num_threads(1)
     print(f"command: python {' '.join(sys.argv)}")
     print(
@@ -142,10 +157,10 @@ def main() -> None:
     print("| blocks | bytes | NIXL ms | NIXL GB/s | copy GB/s | NIXL/copy |")
     print("|---:|---:|---:|---:|---:|---:|")
     for n, size, nixl_s, nixl_bw, copy_bw, ratio in bench_throughput(
-        block_bytes, args.device, args.repeat
+        block_bytes, args.device, args.repeat, runs
     ):
         print(
-            f"| {n} | {size >> 20} MiB | {nixl_s * 1e3:.2f} | {nixl_bw:.2f} | {copy_bw:.2f} "
+            f"| {n} | {size / 2**20:g} MiB | {nixl_s * 1e3:.2f} | {nixl_bw:.2f} | {copy_bw:.2f} "
             f"| {ratio:.0%} |"
         )
     if args.skip_ttft:

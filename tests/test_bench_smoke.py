@@ -1,5 +1,7 @@
-"""The GPU benchmarks run end to end on tiny shapes (Triton interpreter): their code is not
-left to rot between the sessions that have a GPU. Figures are printed, never asserted."""
+"""Benchmarks run end to end on tiny shapes, so their code does not rot between the sessions
+that run them in full: the GPU ones under the Triton interpreter, the KV-transfer one with
+real NIXL between two processes and real prefill and decode nodes. Figures are printed,
+never asserted."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 @pytest.mark.parametrize(
@@ -18,6 +20,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
     [
         ("kernels.py", ["| 64 | 1 |", "| 64 | 2 |", "| 8 | 24 |"]),
         ("decode_step.py", ["| 3 | 40 |"]),
+        ("transfer.py", ["| 1 | 0.0625 MiB |", "| 4 | 0.25 MiB |", "TTFT of one disaggregated"]),
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):
