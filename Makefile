@@ -44,7 +44,7 @@ serve: install
 	$(VENV)/bin/tandem serve $(SERVE_ARGS)
 
 bench: install
-	OMP_NUM_THREADS=1 $(PY) bench/offline.py
+	OMP_NUM_THREADS=2 $(PY) bench/offline.py
 
 bench-serve: install
 	$(PY) bench/serve.py $(BENCH_ARGS)
