@@ -5,14 +5,9 @@ never asserted."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from tests.bench_run import run_bench
 
 
 @pytest.mark.parametrize(
@@ -24,16 +19,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):
-    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(
-        [sys.executable, "-P", str(BENCH / script), "--smoke"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("command: ") and "\nmachine: " in result.stdout
+    stdout = run_bench(script, "--smoke", env={"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"})
+    assert "\nmachine: " in stdout
     for row in rows:
-        assert row in result.stdout, result.stdout
+        assert row in stdout, stdout

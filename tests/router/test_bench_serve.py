@@ -5,27 +5,16 @@ never asserted."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench_run import run_bench
 
 
 def test_the_load_generator_streams_every_request_through_the_router(serve, tmp_path):
     out = tmp_path / "serve.json"
-    args = ["--base-url", f"{serve.url}/v1", "--num-requests", "6", "--concurrency", "3",
-            "--input-len", "16", "--output-len", "4", "--vocab-size", "100",
-            "--out", str(out)]  # fmt: skip
-    result = subprocess.run(
-        [sys.executable, "-P", str(BENCH / "serve.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("command: ") and "requests 6, errors 0" in result.stdout
+    stdout = run_bench("serve.py", "--base-url", f"{serve.url}/v1", "--num-requests", "6",
+                       "--concurrency", "3", "--input-len", "16", "--output-len", "4",
+                       "--vocab-size", "100", "--out", str(out))  # fmt: skip
+    assert "requests 6, errors 0" in stdout
     summary = json.loads(out.read_text())
     assert summary["errors"] == 0, summary["first_errors"]
     assert [r["output_tokens"] for r in summary["results"]] == [4] * 6

@@ -1,0 +1,26 @@
+"""Runs one script of `bench/` as its own process, the way the docs tell users to."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_bench(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """`python -P bench/<script> <args>`; asserts that it exits cleanly and prints its command
+    first, as every benchmark does, and returns its stdout."""
+    result = subprocess.run(
+        [sys.executable, "-P", str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("command: "), result.stdout
+    return result.stdout
