@@ -69,6 +69,7 @@ def attention_fn(x: PagedBatch, shape: Shape, num_sms: int | None):
         shape.num_heads // shape.num_kv_heads,
         x.query.device,
         num_sms=num_sms,
+        dtype=shape.dtype,
     )
     out = torch.empty_like(x.query)
     scale = shape.head_dim**-0.5

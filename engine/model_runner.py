@@ -39,6 +39,7 @@ def select_attention_backend(config: EngineConfig) -> AttentionBackend:
         m.num_heads // m.num_kv_heads,
         device_num_sms(config.device),
         sliding_window=m.sliding_window,
+        dtype=config.dtype,
     )
 
 

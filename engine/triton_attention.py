@@ -35,8 +35,10 @@ class TritonAttentionBackend(AttentionBackend):
         sliding_window: int = 0,
         softcap: float = 0.0,
         num_splits: int | None = None,
+        dtype: torch.dtype = torch.bfloat16,
     ) -> None:
-        """`num_sms` (None off the GPU) sizes the split-KV choice; `num_splits` forces it."""
+        """`num_sms` (None off the GPU) sizes the split-KV choice; `num_splits` forces it.
+        `dtype`, the model's, picks the tile shapes."""
         from tandem.kernels.kv_write import write_kv
         from tandem.kernels.paged_attention import unified_attention
 
@@ -48,6 +50,7 @@ class TritonAttentionBackend(AttentionBackend):
         self.sliding_window = sliding_window
         self.softcap = softcap
         self.num_splits = num_splits
+        self.dtype = dtype
 
     def build(self, common: CommonAttentionMetadata) -> TritonAttentionMetadata:
         plan = plan_attention(
@@ -58,6 +61,7 @@ class TritonAttentionBackend(AttentionBackend):
             common.slot_mapping.device,
             num_sms=self.num_sms,
             num_splits=self.num_splits,
+            dtype=self.dtype,
         )
         return TritonAttentionMetadata(
             slot_mapping=common.slot_mapping,

@@ -15,8 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# Key tokens per inner-loop step (any page size: each key looks its block up).
+# Key tokens per inner-loop step (any page size: each key looks its block up). float32
+# runs its IEEE dot on CUDA cores, whose operands take far more registers than a tensor-core
+# tile: it gets narrower tiles (16 rows, 32 keys), without which ptxas spills kilobytes per
+# thread to local memory (`bench/kernel_resources.py`, docs/performance.md).
 TILE_N = 64
+TILE_N_FP32 = 32
 # Below this many keys per split, splitting costs more in the merge than it gains.
 MIN_KEYS_PER_SPLIT = 256
 MAX_SPLITS = 16
@@ -42,11 +46,15 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def block_shape(max_query_len: int, group: int) -> tuple[int, int]:
-    """(block_q, block_m): 16 rows when every sequence's queries fit in them (decodes), 64
-    when longer prefill chunks are in the batch; always at least one whole GQA group."""
+def block_shape(
+    max_query_len: int, group: int, dtype: torch.dtype = torch.bfloat16
+) -> tuple[int, int]:
+    """(block_q, block_m): 16 rows when every sequence's queries fit in them (decodes) or
+    the dtype is float32, 64 when longer prefill chunks are in the batch; always at least
+    one whole GQA group."""
     group_pad = next_power_of_2(group)
-    rows = 16 if max_query_len == 1 or max_query_len * group_pad <= 16 else 64
+    narrow = dtype == torch.float32 or max_query_len == 1 or max_query_len * group_pad <= 16
+    rows = 16 if narrow else 64
     block_m = max(rows, group_pad)
     return block_m // group_pad, block_m
 
@@ -77,11 +85,15 @@ def plan_attention(
     *,
     num_sms: int | None = None,
     num_splits: int | None = None,
-    tile_n: int = TILE_N,
+    tile_n: int | None = None,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> AttentionPlan:
-    """The tiles of one batch. `num_splits` None chooses by `choose_num_splits`."""
+    """The tiles of one batch for queries and cache of `dtype`. `num_splits` None chooses
+    by `choose_num_splits`; `tile_n` None by the dtype."""
     query_lens = np.diff(query_start_loc).astype(np.int64)  # [B]
-    block_q, block_m = block_shape(int(query_lens.max(initial=1)), group)
+    block_q, block_m = block_shape(int(query_lens.max(initial=1)), group, dtype)
+    if tile_n is None:
+        tile_n = TILE_N_FP32 if dtype == torch.float32 else TILE_N
     tiles_per_seq = -(-query_lens // block_q)  # [B]
     tile_seq = np.repeat(np.arange(len(query_lens)), tiles_per_seq)
     first_tile = np.cumsum(tiles_per_seq) - tiles_per_seq  # [B]

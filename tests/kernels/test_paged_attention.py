@@ -22,10 +22,13 @@ def run_both(
     *,
     num_splits: int | None = 1,
     num_sms: int | None = None,
-    tile_n: int = 16,
+    tile_n: int | None = 16,
     sliding_window: int = 0,
     softcap: float = 0.0,
+    plan_dtype: torch.dtype = torch.bfloat16,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel and reference on `batch`. The plan's tiles are bf16's unless `plan_dtype`
+    says otherwise, so that float32 batches here cover the wide prefill tiles too."""
     num_heads, head_dim = batch.query.shape[1:]
     num_kv_heads = batch.kv_layer.shape[3]
     plan = plan_attention(
@@ -37,6 +40,7 @@ def run_both(
         num_sms=num_sms,
         num_splits=num_splits,
         tile_n=tile_n,
+        dtype=plan_dtype,
     )
     out = torch.full_like(batch.query, float("nan"))  # every element must be written
     args = (batch.kv_layer, batch.block_tables, batch.seq_lens, batch.query_start_loc)
@@ -97,6 +101,13 @@ def test_split_kv_on_long_decode_contexts():
         assert_close(*run_both(batch, num_splits=num_splits, tile_n=32))
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_float32_plans_narrow_tiles(num_splits):
+    batch = paged_batch(MIXED_QUERY, MIXED_CONTEXT, 8, 2, 16, 4, seed=11)
+    out, ref = run_both(batch, num_splits=num_splits, tile_n=None, plan_dtype=torch.float32)
+    assert_close(out, ref)
+
+
 def test_half_precision():
     batch = paged_batch(MIXED_QUERY, MIXED_CONTEXT, 4, 2, 16, 4, dtype=torch.float16, seed=7)
     assert_close(*run_both(batch, num_splits=2))
@@ -154,6 +165,10 @@ def test_block_shape_and_splits():
     assert block_shape(1, 4) == (4, 16)  # decode: 16 rows, four tokens of a group of 4
     assert block_shape(30, 4) == (16, 64)  # prefill chunks: 64 rows
     assert block_shape(1, 32) == (1, 32)  # a group larger than 16 rows
+    assert block_shape(30, 4, torch.float32) == (4, 16)  # float32: narrow tiles always
+    assert plan_attention(np.array([0, 30]), 30, 2, 4, torch.device("cpu")).tile_n == 64
+    fp32 = plan_attention(np.array([0, 30]), 30, 2, 4, torch.device("cpu"), dtype=torch.float32)
+    assert (fp32.block_m, fp32.tile_n) == (16, 32)
     assert choose_num_splits(8, 32768, None) == 1  # no GPU: no split
     assert choose_num_splits(8, 32768, 132) == 16  # few programs, long context
     assert choose_num_splits(8, 512, 132) == 2  # bounded by the context
