@@ -47,6 +47,13 @@ class Heads:
     block_size: int = 16
 
 
+def layer_cache(h: Heads) -> torch.Tensor:  # [N, 2, bs, Hkv, D], strided as the engine's
+    """Layer 0 of a small block-major cache [N, L, 2, bs, Hkv, D]: the kernels see the real
+    strides; no block is read, since nothing runs."""
+    cache = torch.empty(4, NUM_LAYERS, 2, h.block_size, h.num_kv_heads, h.head_dim, dtype=h.dtype)
+    return cache[:, 0]
+
+
 def attention_case(
     heads: Heads,
     query_lens: list[int],
@@ -63,9 +70,6 @@ def attention_case(
         qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
         max_blocks = -(-int(seq_lens.max()) // h.block_size)
         query = torch.empty(int(qsl[-1]), h.num_heads, h.head_dim, dtype=h.dtype)
-        cache = torch.empty(
-            4, NUM_LAYERS, 2, h.block_size, h.num_kv_heads, h.head_dim, dtype=h.dtype
-        )
         group = h.num_heads // h.num_kv_heads
         plan = plan_attention(
             qsl,
@@ -78,7 +82,7 @@ def attention_case(
         )
         unified_attention(
             query,
-            cache[:, 0],
+            layer_cache(h),
             torch.zeros(len(query_lens), max_blocks, dtype=torch.int32),
             torch.from_numpy(seq_lens.astype(np.int32)),
             torch.from_numpy(qsl),
@@ -95,10 +99,7 @@ def kv_write_case(heads: Heads, num_tokens: int) -> Callable[[int], None]:
     def launch(num_sms: int) -> None:
         h = heads
         kv = torch.empty(num_tokens, 2, h.num_kv_heads, h.head_dim, dtype=h.dtype)
-        cache = torch.empty(
-            4, NUM_LAYERS, 2, h.block_size, h.num_kv_heads, h.head_dim, dtype=h.dtype
-        )
-        write_kv(kv[:, 0], kv[:, 1], cache[:, 0], torch.zeros(num_tokens, dtype=torch.int64))
+        write_kv(kv[:, 0], kv[:, 1], layer_cache(h), torch.zeros(num_tokens, dtype=torch.int64))
 
     return launch
 

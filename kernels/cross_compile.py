@@ -78,7 +78,7 @@ class KernelBuild:
     @property
     def max_threads(self) -> int:
         """Threads per block the registers allow (what `cuFuncGetAttribute` reports)."""
-        return min(_MAX_THREADS_PER_BLOCK, _warps_by_registers(self.registers) * _WARP)
+        return _max_threads(self.registers)
 
     def blocks_per_sm(self) -> int:
         """Resident blocks per multiprocessor, the least of the warp, register and shared
@@ -97,6 +97,10 @@ class KernelBuild:
 def _warps_by_registers(registers: int) -> int:
     per_warp = -(-registers * _WARP // _REGISTER_UNIT) * _REGISTER_UNIT
     return _REGISTERS_PER_SM // max(per_warp, 1)
+
+
+def _max_threads(registers: int) -> int:
+    return min(_MAX_THREADS_PER_BLOCK, _warps_by_registers(registers) * _WARP)
 
 
 @contextmanager
@@ -142,8 +146,7 @@ class _Utils:
         """(module, function, registers, spills, max threads), as the CUDA driver's. No
         module: Triton then never asks to unload one."""
         usage = _resource_usage(cubin)
-        max_threads = min(_MAX_THREADS_PER_BLOCK, _warps_by_registers(usage.registers) * _WARP)
-        return None, usage, usage.registers, usage.stack_bytes, max_threads
+        return None, usage, usage.registers, usage.stack_bytes, _max_threads(usage.registers)
 
     def unload_module(self, module: object) -> None:
         pass
