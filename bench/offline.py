@@ -7,11 +7,18 @@ transformers runs each batch statically: every sequence is padded to the longest
 and decodes until the longest output, which is how it serves a batch.
 
     python bench/offline.py [--num-requests 64] [--repeats 3] [--threads 2] [--profile]
+                            [--keep-heap] [--smoke]
+
+`--keep-heap` sets glibc's malloc, for the whole process and so for both systems, to keep
+freed memory (mmap threshold 64 MiB, trim threshold 1 GiB) instead of returning it to the
+kernel and page-faulting it back: the figures under "glibc that keeps its heap" in
+docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import platform
 import random
@@ -76,6 +83,18 @@ def run_transformers(model_dir, warmup, workloads):
     return [_measure(_hf_generate, model, prompts, out_lens) for prompts, out_lens in workloads]
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def keep_heap() -> str:
+    """Make glibc keep freed memory for reuse: allocations up to 64 MiB come from the heap
+    (not fresh mmaps), and up to 1 GiB of free heap top is kept rather than trimmed."""
+    libc = ctypes.CDLL("libc.so.6")
+    if not (libc.mallopt(M_MMAP_THRESHOLD, 64 << 20) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
+        raise OSError("mallopt refused the heap settings")
+    return "glibc, mmap threshold 64 MiB, trim threshold 1 GiB (both systems)"
+
+
 def _measure(generate, *args):
     """(generate(*args), seconds, minor page faults taken meanwhile)."""
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -115,24 +134,35 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="model folder (default: a random one)")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--profile", action="store_true", help="pyinstrument Tandem's first")
+    parser.add_argument(
+        "--keep-heap", action="store_true", help="glibc keeps freed memory (both systems)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="4 short requests on a tiny model, one workload"
+    )
     args = parser.parse_args()
+    malloc = keep_heap() if args.keep_heap else "glibc defaults"
+    size, prompt_range, output_range = "small", (16, 512), (16, 256)
+    if args.smoke:
+        args.num_requests, args.repeats = 4, 1
+        size, prompt_range, output_range = "tiny", (8, 32), (4, 8)
     torch.set_num_threads(args.threads)
 
-    model_dir = args.model or make_model(Path(tempfile.mkdtemp()) / "small", "llama", "small")
+    model_dir = args.model or make_model(Path(tempfile.mkdtemp()) / size, "llama", size)
     n_params = sum(t.numel() for t in _tensors(model_dir))
     vocab = ModelConfig.from_pretrained(model_dir).vocab_size
     # Timed workloads use seeds seed .. seed + repeats - 1. Both systems first serve one
     # more of the same shape (the next seed), so every timed run sees a warm process
     # (allocator grown, pages mapped); fresh prompts each time mean no prefix-cache hits.
     workloads = [
-        requests(args.num_requests, args.seed + r, vocab, (16, 512), (16, 256))
+        requests(args.num_requests, args.seed + r, vocab, prompt_range, output_range)
         for r in range(args.repeats + 1)
     ]
     warmup, workloads = workloads[-1], workloads[:-1]
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(
         f"machine: {platform.node()} {platform.machine()} {os.cpu_count()} cpus, "
-        f"torch {torch.__version__}, {args.threads} threads"
+        f"torch {torch.__version__}, {args.threads} threads, malloc: {malloc}"
     )
     print(f"model: random llama, {n_params / 1e6:.1f}M parameters, float32, CPU")
     out_tokens = [sum(out_lens) for _, out_lens in workloads]

@@ -23,3 +23,15 @@ def test_benchmark_runs_on_tiny_shapes(script, rows):
     assert "\nmachine: " in stdout
     for row in rows:
         assert row in stdout, stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "malloc"),
+    [((), "malloc: glibc defaults"), (("--keep-heap",), "malloc: glibc, mmap threshold 64 MiB")],
+)
+def test_offline_benchmark_runs_both_systems(flags, malloc):
+    stdout = run_bench("offline.py", "--smoke", *flags, env={"OMP_NUM_THREADS": "1"})
+    assert malloc in stdout, stdout
+    for line in ("workload 0: 4 requests", "tandem: ", "transformers: ", "ratio: "):
+        assert line in stdout, stdout
+    assert "identical greedy outputs: " in stdout and "/4\n" in stdout, stdout
