@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tandem.kernels.launch_options import LAUNCH_OPTIONS
+
 _BLOCK = 1024
 
 
@@ -37,5 +39,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
     out = x.new_empty((x.shape[0], inner))
     if x.shape[0] > 0:
         grid = (x.shape[0], triton.cdiv(inner, _BLOCK))
-        _silu_and_mul_kernel[grid](x, out, x.stride(0), out.stride(0), inner, BLOCK=_BLOCK)
+        _silu_and_mul_kernel[grid](
+            x, out, x.stride(0), out.stride(0), inner, BLOCK=_BLOCK, **LAUNCH_OPTIONS
+        )
     return out

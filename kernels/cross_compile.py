@@ -70,6 +70,7 @@ class KernelBuild:
     stack_bytes: int  # per thread: spilled registers and local arrays
     local_bytes: int  # per thread
     shared_bytes: int  # per block, dynamic
+    fp_fusion: bool  # multiplies and adds fused into FMAs
 
     @property
     def spilled(self) -> bool:
@@ -191,6 +192,7 @@ class _Launcher:
                 stack_bytes=function.stack_bytes,
                 local_bytes=function.local_bytes,
                 shared_bytes=m.shared,
+                fp_fusion=m.enable_fp_fusion,
             )
         )
 

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from tandem.kernels.attention_plan import next_power_of_2
+from tandem.kernels.launch_options import LAUNCH_OPTIONS
 
 
 @triton.jit
@@ -66,4 +67,5 @@ def write_kv(
         PAGE=kv_layer.shape[2],
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=next_power_of_2(head_dim),
+        **LAUNCH_OPTIONS,
     )  # fmt: skip

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from tandem.kernels.attention_plan import AttentionPlan, next_power_of_2
+from tandem.kernels.launch_options import LAUNCH_OPTIONS
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -230,6 +231,7 @@ def unified_attention(
             USE_WINDOW=sliding_window > 0,
             IEEE_DOT=query.dtype == torch.float32,
             num_warps=4,
+            **LAUNCH_OPTIONS,
         )  # fmt: skip
     if splits > 1 and num_tokens > 0:
         _merge_splits_kernel[(num_tokens, num_heads)](
@@ -238,6 +240,7 @@ def unified_attention(
             SPLITS_PAD=next_power_of_2(splits),
             HEAD_DIM=head_dim,
             HEAD_DIM_PAD=head_dim_pad,
+            **LAUNCH_OPTIONS,
         )  # fmt: skip
     return out
 

@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from tandem.kernels.attention_plan import next_power_of_2
+from tandem.kernels.launch_options import LAUNCH_OPTIONS
 
 
 @triton.jit
@@ -70,5 +71,6 @@ def rms_norm(
             hidden_size, eps,
             HAS_RESIDUAL=residual is not None,
             BLOCK_H=next_power_of_2(hidden_size),
+            **LAUNCH_OPTIONS,
         )  # fmt: skip
     return out.view(shape), None if residual is None else sum_out.view(shape)

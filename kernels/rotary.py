@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from tandem.kernels.attention_plan import next_power_of_2
+from tandem.kernels.launch_options import LAUNCH_OPTIONS
 
 
 @triton.jit
@@ -68,5 +69,6 @@ def rotary(
             cos_sin_cache.stride(0), num_heads,
             HALF=head_dim // 2,
             HALF_PAD=next_power_of_2(head_dim // 2),
+            **LAUNCH_OPTIONS,
         )  # fmt: skip
     return query, key

@@ -28,9 +28,9 @@ KERNELS = {
 def sm90_builds(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("builds") / "sm90.json"
     # Compiled, not interpreted: the kernel modules must be imported without TRITON_INTERPRET.
-    run_bench(
-        "kernel_resources.py", "--arch", "90", "--json", str(out), env={"TRITON_INTERPRET": "0"}
-    )
+    # The environment asks for no FP fusion: only a launch that passes its options says yes.
+    env = {"TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "0"}
+    run_bench("kernel_resources.py", "--arch", "90", "--json", str(out), env=env)
     return json.loads(out.read_text())
 
 
@@ -43,6 +43,13 @@ def test_every_kernel_compiles_without_spills_within_limits(sm90_builds):
         assert 0 < b["registers"] <= 255, where
         assert b["shared_bytes"] <= limit, where
         assert b["num_warps"] * 32 <= b["max_threads"], f"{where}: too many registers"
+
+
+def test_every_launch_pins_fp_fusion(sm90_builds):
+    """Each launcher passes `LAUNCH_OPTIONS`, so neither the environment nor Triton's next
+    default (it changes in 3.10) decides whether our kernels use FMAs."""
+    unpinned = {b["name"] for b in sm90_builds if not b["fp_fusion"]}
+    assert not unpinned, f"launched without LAUNCH_OPTIONS: {sorted(unpinned)}"
 
 
 def test_attention_launch_geometry(sm90_builds):
@@ -58,14 +65,14 @@ def test_attention_launch_geometry(sm90_builds):
 
 def test_occupancy_follows_the_cuda_rules():
     # 124 registers: 3,968 per warp, allocated as 4,096, so 16 warps fit the 64K registers.
-    decode = KernelBuild("k", 90, (1, 1, 1), 4, 3, 124, 0, 0, 39_424)
+    decode = KernelBuild("k", 90, (1, 1, 1), 4, 3, 124, 0, 0, 39_424, True)
     assert decode.max_threads == 512
     assert decode.blocks_per_sm() == 4  # by registers; shared memory would allow 5
     # 255 registers: 8 warps by registers; 80.5 KiB of shared memory: 2 blocks of 228 KiB.
-    prefill = KernelBuild("k", 90, (1, 1, 1), 4, 3, 255, 0, 0, 82_432)
+    prefill = KernelBuild("k", 90, (1, 1, 1), 4, 3, 255, 0, 0, 82_432, True)
     assert prefill.max_threads == 256
     assert prefill.blocks_per_sm() == 2
-    assert not prefill.spilled and KernelBuild("k", 80, (1, 1, 1), 4, 3, 32, 8, 0, 0).spilled
+    assert not prefill.spilled and KernelBuild("k", 80, (1, 1, 1), 4, 3, 32, 8, 0, 0, True).spilled
 
 
 def test_cross_compile_refuses_interpreted_kernels_and_unknown_targets(monkeypatch):
