@@ -238,6 +238,9 @@ class DecodeWorker:
         stream.remote_deadline = stream.sent + self.options.prefill_timeout_s
         if not self.client.send(worker, msg):
             self._fall_back(stream, "unreachable", f"{worker} is not connected")
+            # Never queued (no connected peer): nothing of this attempt can land, so its
+            # blocks need no hold until a confirmation that will never come.
+            self._release_hold(remote_hold_key(msg.request_id, msg.attempt))
 
     def _complete_remote(self, stream: Stream, done: PrefillDone) -> None:
         request = stream.request

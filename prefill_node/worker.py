@@ -147,12 +147,21 @@ class PrefillWorker:
                 m = self.core.metrics
                 m.child(m.queue_time).observe(time.monotonic() - job.received)
         result = self.core.runner.execute(out)
+        # Writes are posted before `update_from_output`, which frees a finished request's
+        # blocks; a job that cannot post ends after it, since the batch still holds its
+        # request until then.
+        failed: list[tuple[Job, str]] = []
         for request, n in zip(out.scheduled, out.num_scheduled_tokens):
-            self._post_ready(self.jobs[request.request_id], request.num_computed_tokens + n)
+            job = self.jobs[request.request_id]
+            if (reason := self._post_ready(job, request.num_computed_tokens + n)) is not None:
+                failed.append((job, reason))
+        ending = {job.key for job, _ in failed}
         for request in scheduler.update_from_output(out, result):
             job = self.jobs[request.request_id]
-            if job.ended is None:
+            if job.ended is None and job.key not in ending:
                 job.done = self._done_message(job)
+        for job, reason in failed:
+            self._end(job, reason)
 
     def poll(self) -> None:
         """Advance in-flight writes; settle every job with none left."""
@@ -171,10 +180,11 @@ class PrefillWorker:
     def busy(self) -> bool:
         return self.core.scheduler.has_unfinished_requests()
 
-    def _post_ready(self, job: Job, num_computed: int) -> None:
-        """Write the blocks the request has completed and not yet posted."""
+    def _post_ready(self, job: Job, num_computed: int) -> str | None:
+        """Write the blocks the request has completed and not yet posted. Returns why the
+        job must end instead (its deadline passed, or the write could not be posted)."""
         if job.ended is not None:
-            return
+            return None
         kv = self.core.kv
         num_tokens = job.request.num_prompt_tokens
         ready = (
@@ -183,10 +193,9 @@ class PrefillWorker:
             else (num_computed // kv.block_size)
         )
         if ready <= job.num_posted:
-            return
+            return None
         if time.monotonic() > job.deadline:
-            self._end(job, "deadline")
-            return
+            return "deadline"
         start, skip = job.num_posted, job.msg.skip_blocks
         src = kv.block_ids(job.key)[start:ready]
         dst = job.msg.dst_block_ids[start - skip : ready - skip]
@@ -199,11 +208,11 @@ class PrefillWorker:
             kv.release(hold)
             logger.warning("prefill %s: write failed: %s", job.key, exc)
             self.core.metrics.child(self.core.metrics.transfer_failures, reason="post").inc()
-            self._end(job, "transfer")
-            return
+            return "transfer"
         job.first_write = job.first_write or transfer.started
         job.num_posted = ready
         job.transfers.append((transfer, hold))
+        return None
 
     def _account(self, transfer: Transfer, job: Job) -> None:
         m = self.core.metrics

@@ -1,0 +1,289 @@
+"""The decode worker under random interleavings, isolated from the model and the network.
+
+Requests arrive for local or remote prefill (with an alternate worker); prefill workers
+answer, fail, confirm aborts or answer late, in any order; workers become unreachable;
+deadlines and hold timeouts pass; clients abort. A test-only runner samples a token that
+depends only on the sequence so far, and so do the simulated prefill workers, so every
+stream must carry exactly the tokens the request would have had alone.
+
+After every action: the block census balances, no block belongs to a request that is not
+running or waiting for its remote KV, and no destination block of an attempt whose worker
+may still write is owned by anyone but that attempt. At the end every stream has had exactly
+one final record and no block is held.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import hypothesis.strategies as st
+import msgspec
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from prometheus_client import CollectorRegistry
+
+from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
+from tandem.engine.config import SchedulerConfig
+from tandem.engine.kv_cache_manager import KVCacheManager
+from tandem.engine.kv_transfer import (
+    AbortAck,
+    AbortPrefill,
+    AgentInfo,
+    KVLayout,
+    PrefillDone,
+    PrefillFailed,
+    PrefillRequest,
+    encode,
+)
+from tandem.engine.metrics import NodeMetrics
+from tandem.engine.scheduler import Scheduler, remote_hold_key
+from tests.engine.test_scheduler import VOCAB, fake_run
+from tests.engine.test_scheduler_machine import tokens_alone
+
+BLOCK_SIZE, NUM_BLOCKS = 4, 9
+PREFIX_LEN, MAX_TAIL, MAX_OUTPUT = 8, 10, 6
+WORKERS = ("tcp://p1", "tcp://p2")
+
+
+class Runner:
+    def execute(self, out):
+        return fake_run(out)
+
+
+class Tokenizer:
+    """Token ids as text: all the detokenizer needs without stop strings."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f"<{i}>" for i in ids)
+
+
+class Client:
+    """Records what the decode worker sends; `down` endpoints are not connected."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, msgspec.Struct]] = []
+        self.down: set[str] = set()
+
+    def send(self, endpoint: str, message: msgspec.Struct) -> bool:
+        if endpoint in self.down:
+            return False
+        self.sent.append((endpoint, message))
+        return True
+
+
+class DecodeWorkerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        layout = KVLayout(0, 1024, NUM_BLOCKS, 0, "DRAM")
+        kv = KVCacheManager(block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS)
+        config = SimpleNamespace(
+            model=SimpleNamespace(vocab_size=VOCAB, eos_token_ids=()),
+            scheduler=SchedulerConfig(12, 3, 64),
+            cache=SimpleNamespace(block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS),
+            device="cpu",
+        )
+        core = SimpleNamespace(
+            config=config,
+            kv=kv,
+            scheduler=Scheduler(config.scheduler, kv),
+            runner=Runner(),
+            agent=SimpleNamespace(info=lambda: AgentInfo("decode", b"", layout)),
+            metrics=NodeMetrics(CollectorRegistry(), "m", "decode", "d"),
+        )
+        self.client = Client()
+        self.worker = DecodeWorker(core, self.client, Tokenizer(), DecodeOptions())
+        self.expected: dict[str, list[int]] = {}
+        self.records: dict[str, list[dict]] = {}
+        # Attempts sent and not yet answered (hold key -> the PrefillRequest): their worker
+        # may still write into the destination blocks.
+        self.may_write: dict[str, PrefillRequest] = {}
+        self.count = 0
+
+    # -- clients ----------------------------------------------------------------------------
+
+    @rule(
+        prefix=st.integers(0, 2),
+        tail=st.integers(0, MAX_TAIL),
+        max_tokens=st.integers(1, MAX_OUTPUT),
+        remote=st.booleans(),
+    )
+    def add(self, prefix: int, tail: int, max_tokens: int, remote: bool) -> None:
+        prompt = [prefix + 1] * PREFIX_LEN + [(41 * self.count + i) % VOCAB for i in range(tail)]
+        request_id = f"r{self.count}"
+        self.count += 1
+        self.records[request_id] = []
+        inp = GenerateInput(
+            request_id,
+            prompt,
+            {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0},
+            prefill=WORKERS[0] if remote else None,
+            prefill_alternates=list(WORKERS) if remote else [],
+        )
+        self.worker.add(inp, self.records[request_id].append)
+        self.expected[request_id] = tokens_alone(prompt, max_tokens)
+
+    @precondition(lambda self: self.worker.streams)
+    @rule(data=st.data())
+    def client_aborts(self, data: st.DataObject) -> None:
+        self.worker.abort(data.draw(st.sampled_from(sorted(self.worker.streams))))
+
+    # -- the engine loop --------------------------------------------------------------------
+
+    @rule()
+    def step(self) -> None:
+        before = len(self.client.sent)
+        self.worker.step()
+        for _, msg in self.client.sent[before:]:
+            if isinstance(msg, PrefillRequest):
+                self.may_write[remote_hold_key(msg.request_id, msg.attempt)] = msg
+
+    # -- prefill workers --------------------------------------------------------------------
+
+    @precondition(lambda self: self.may_write)
+    @rule(data=st.data())
+    def prefill_done(self, data: st.DataObject) -> None:
+        self.deliver_done(data.draw(st.sampled_from(sorted(self.may_write))))
+
+    def deliver_done(self, key: str) -> None:
+        """The worker wrote every block, then notified (late, for an abandoned attempt)."""
+        msg = self.may_write.pop(key)
+        self.worker.on_notification("prefill", encode(self._done(msg)))
+
+    @precondition(lambda self: self.may_write)
+    @rule(data=st.data())
+    def prefill_fails(self, data: st.DataObject) -> None:
+        """Reported once none of the attempt's writes is in flight."""
+        msg = self.may_write.pop(data.draw(st.sampled_from(sorted(self.may_write))))
+        self.worker.on_reply(WORKERS[0], PrefillFailed(msg.request_id, msg.attempt, "error"))
+
+    @precondition(lambda self: self._aborted_attempts())
+    @rule(data=st.data())
+    def prefill_confirms_abort(self, data: st.DataObject) -> None:
+        key = data.draw(st.sampled_from(self._aborted_attempts()))
+        msg = self.may_write.pop(key)
+        self.worker.on_reply(WORKERS[0], AbortAck(msg.request_id, msg.attempt))
+
+    @rule(endpoint=st.sampled_from(WORKERS), up=st.booleans())
+    def connectivity(self, endpoint: str, up: bool) -> None:
+        (self.client.down.discard if up else self.client.down.add)(endpoint)
+
+    @precondition(lambda self: self.worker.core.scheduler.remote)
+    @rule(data=st.data())
+    def prefill_deadline_passes(self, data: st.DataObject) -> None:
+        remote = self.worker.core.scheduler.remote
+        self.worker.streams[data.draw(st.sampled_from(sorted(remote)))].remote_deadline = 0.0
+        self.step()
+
+    @precondition(lambda self: self.worker.hold_deadlines)
+    @rule(data=st.data())
+    def hold_times_out(self, data: st.DataObject) -> None:
+        """The protocol's promise: a worker starts no write after the attempt's deadline,
+        and the hold outlives it, so once it times out nothing more lands."""
+        key = data.draw(st.sampled_from(sorted(self.worker.hold_deadlines)))
+        self.worker.hold_deadlines[key] = 0.0
+        self.may_write.pop(key, None)
+
+    def _aborted_attempts(self) -> list[str]:
+        aborts = {
+            remote_hold_key(m.request_id, m.attempt)
+            for _, m in self.client.sent
+            if isinstance(m, AbortPrefill)
+        }
+        return sorted(aborts & self.may_write.keys())
+
+    def _done(self, msg: PrefillRequest) -> PrefillDone:
+        first = self.expected[msg.request_id][0]
+        return PrefillDone(msg.request_id, msg.attempt, first, None, 1, 1024, 0.0, 0.0)
+
+    # -- invariants -------------------------------------------------------------------------
+
+    @invariant()
+    def blocks_balance(self) -> None:
+        scheduler = self.worker.core.scheduler
+        kv = scheduler.kv
+        kv.check_integrity()
+        owners = {r.request_id for r in scheduler.running} | scheduler.remote.keys()
+        for request_id in self.expected.keys() - owners:
+            assert kv.block_ids(request_id) == [], f"{request_id} keeps blocks it cannot use"
+
+    @invariant()
+    def nothing_lands_in_a_block_someone_else_owns(self) -> None:
+        scheduler = self.worker.core.scheduler
+        for key, msg in self.may_write.items():
+            request = scheduler.remote.get(msg.request_id)
+            current = request is not None and request.num_remote_attempts == msg.attempt
+            for owner in [*scheduler.running, *scheduler.remote.values()]:
+                if current and owner is request:
+                    continue
+                shared = set(msg.dst_block_ids) & set(scheduler.kv.block_ids(owner.request_id))
+                assert not shared, f"{key} may still write into {shared}, now {owner}'s"
+
+    @invariant()
+    def streams_carry_the_tokens_alone(self) -> None:
+        for request_id, records in self.records.items():
+            tokens = [t for r in records for t in r["token_ids"]]
+            assert tokens == self.expected[request_id][: len(tokens)], request_id
+            finals = [r for r in records if r["finish_reason"] is not None]
+            assert len(finals) <= 1 and (not finals or records[-1] is finals[0])
+            assert bool(finals) != (request_id in self.worker.streams)
+
+    def teardown(self) -> None:
+        self.client.down.clear()
+        for _ in range(200):  # far more rounds than the queued work needs
+            for key in sorted(self.may_write):
+                msg = self.may_write.pop(key)
+                request = self.worker.core.scheduler.remote.get(msg.request_id)
+                if request is not None and request.num_remote_attempts == msg.attempt:
+                    self.worker.on_notification("prefill", encode(self._done(msg)))
+                else:
+                    self.worker.on_reply(WORKERS[0], AbortAck(msg.request_id, msg.attempt))
+            if not self.worker.streams and not self.worker.core.kv.hold_keys():
+                break
+            self.step()
+        assert not self.worker.streams, "streams never finish"
+        kv = self.worker.core.kv
+        assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
+        for request_id, records in self.records.items():
+            final = records[-1]
+            tokens = [t for r in records for t in r["token_ids"]]
+            if final["finish_reason"] == "length":
+                assert tokens == self.expected[request_id], request_id
+            else:
+                assert final["finish_reason"] in ("abort", "error"), final
+
+
+DecodeWorkerMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None
+)
+test_decode_worker_state_machine = DecodeWorkerMachine.TestCase
+
+
+def test_a_late_answer_of_an_abandoned_attempt_completes_nothing():
+    """Attempt 1 times out, attempt 2 goes to the alternate; attempt 1's worker then
+    finishes after all. Its notification only releases its hold: the request waits for
+    attempt 2, whose blocks are still being written."""
+    machine = DecodeWorkerMachine()
+    machine.add(prefix=0, tail=0, max_tokens=3, remote=True)
+    machine.step()
+    machine.worker.streams["r0"].remote_deadline = 0.0
+    machine.step()
+    assert sorted(machine.may_write) == ["r0@1", "r0@2"]
+    machine.deliver_done("r0@1")
+    machine.nothing_lands_in_a_block_someone_else_owns()
+    request = machine.worker.core.scheduler.remote["r0"]
+    assert request.num_remote_attempts == 2 and not machine.worker.core.kv.hold_keys()
+    machine.teardown()
+
+
+def test_an_attempt_that_was_never_sent_holds_no_blocks():
+    """Both workers unreachable: nothing was queued, so nothing can land, and the blocks
+    go back at once rather than after the hold timeout (found by the machine above)."""
+    machine = DecodeWorkerMachine()
+    machine.client.down.update(WORKERS)
+    machine.add(prefix=0, tail=9, max_tokens=2, remote=True)
+    machine.step()
+    kv = machine.worker.core.kv
+    assert not kv.hold_keys() and not machine.worker.hold_deadlines
+    machine.step()  # prefilled here
+    machine.teardown()
+    assert [r["finish_reason"] for r in machine.records["r0"]][-1] == "length"
