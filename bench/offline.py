@@ -11,7 +11,7 @@ and decodes until the longest output, which is how it serves a batch.
 
 `--keep-heap` sets glibc's malloc, for the whole process and so for both systems, to keep
 freed memory (mmap threshold 64 MiB, trim threshold 1 GiB) instead of returning it to the
-kernel and page-faulting it back: the figures under "glibc that keeps its heap" in
+kernel and page-faulting it back: the figures under "A malloc that keeps its heap" in
 docs/performance.md.
 """
 

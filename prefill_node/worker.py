@@ -34,7 +34,7 @@ from tandem.engine.kv_transfer import (
 from tandem.engine.node_core import NodeCore
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import remote_hold_key
+from tandem.engine.scheduler import SchedulerOutput, remote_hold_key
 
 logger = logging.getLogger(__name__)
 
@@ -150,18 +150,23 @@ class PrefillWorker:
         # Writes are posted before `update_from_output`, which frees a finished request's
         # blocks; a job that cannot post ends after it, since the batch still holds its
         # request until then.
-        failed: list[tuple[Job, str]] = []
+        failed = self._post_writes(out)
+        for request in scheduler.update_from_output(out, result):
+            job = self.jobs[request.request_id]
+            if job.ended is None and job.key not in failed:
+                job.done = self._done_message(job)
+        for key, reason in failed.items():
+            self._end(self.jobs[key], reason)
+
+    def _post_writes(self, out: SchedulerOutput) -> dict[str, str]:
+        """Post the writes this step made possible; {job key: why it must end} for the
+        jobs that could not post."""
+        failed = {}
         for request, n in zip(out.scheduled, out.num_scheduled_tokens):
             job = self.jobs[request.request_id]
             if (reason := self._post_ready(job, request.num_computed_tokens + n)) is not None:
-                failed.append((job, reason))
-        ending = {job.key for job, _ in failed}
-        for request in scheduler.update_from_output(out, result):
-            job = self.jobs[request.request_id]
-            if job.ended is None and job.key not in ending:
-                job.done = self._done_message(job)
-        for job, reason in failed:
-            self._end(job, reason)
+                failed[job.key] = reason
+        return failed
 
     def poll(self) -> None:
         """Advance in-flight writes; settle every job with none left."""

@@ -38,10 +38,10 @@ from tandem.engine.kv_transfer import (
 from tandem.engine.metrics import NodeMetrics
 from tandem.engine.scheduler import Scheduler, remote_hold_key
 from tests.engine.test_scheduler import VOCAB, fake_run
-from tests.engine.test_scheduler_machine import tokens_alone
+from tests.engine.test_scheduler_machine import shared_prefix_prompt, tokens_alone
 
 BLOCK_SIZE, NUM_BLOCKS = 4, 9
-PREFIX_LEN, MAX_TAIL, MAX_OUTPUT = 8, 10, 6
+MAX_TAIL, MAX_OUTPUT = 10, 6
 WORKERS = ("tcp://p1", "tcp://p2")
 
 
@@ -108,7 +108,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         remote=st.booleans(),
     )
     def add(self, prefix: int, tail: int, max_tokens: int, remote: bool) -> None:
-        prompt = [prefix + 1] * PREFIX_LEN + [(41 * self.count + i) % VOCAB for i in range(tail)]
+        prompt = shared_prefix_prompt(prefix, tail, self.count)
         request_id = f"r{self.count}"
         self.count += 1
         self.records[request_id] = []

@@ -37,9 +37,11 @@ from tandem.engine.kv_transfer import (
 from tandem.engine.metrics import NodeMetrics
 from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from tandem.prefill_node.worker import PrefillWorker
+from tests.engine.test_scheduler import VOCAB
+from tests.engine.test_scheduler_machine import PREFIX_LEN, shared_prefix_prompt
 
-VOCAB, BLOCK_SIZE, NUM_BLOCKS = 1000, 4, 12
-PREFIX_LEN, MAX_TAIL = 8, 12  # prompts of 8-20 tokens: 2-5 blocks
+BLOCK_SIZE, NUM_BLOCKS = 4, 12
+MAX_TAIL = 12  # prompts of 8-20 tokens: 2-5 blocks
 PEER = b"decode-identity"
 
 
@@ -133,7 +135,7 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
 
     def submit_prompt(self, prefix: int, tail: int, skip: int) -> str:
         """A PrefillRequest whose first `skip` blocks the decode node already has."""
-        prompt = [prefix + 1] * PREFIX_LEN + [(53 * self.count + i) % VOCAB for i in range(tail)]
+        prompt = shared_prefix_prompt(prefix, tail, self.count)
         request_id = f"r{self.count}"
         self.count += 1
         num_blocks = -(-len(prompt) // BLOCK_SIZE)

@@ -28,6 +28,12 @@ TOKEN_BUDGET, MAX_SEQS = 12, 3
 PREFIX_LEN, MAX_TAIL, MAX_OUTPUT = 8, 10, 8  # longest sequence: 26 tokens, 7 blocks of 4
 
 
+def shared_prefix_prompt(prefix: int, tail: int, number: int) -> list[int]:
+    """Request `number`'s prompt: one of a few shared prefixes of two full blocks (so prefix
+    hits are frequent), then `tail` tokens of its own."""
+    return [prefix + 1] * PREFIX_LEN + [(37 * number + i) % VOCAB for i in range(tail)]
+
+
 def tokens_alone(prompt: list[int], max_tokens: int) -> list[int]:
     """What `fake_run` samples for this prompt when nothing else runs."""
     sequence, out = list(prompt), []
@@ -60,8 +66,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         remote=st.booleans(),
     )
     def add(self, prefix: int, tail: int, max_tokens: int, remote: bool) -> None:
-        # Three shared prefixes of two full blocks make prefix-cache hits frequent.
-        prompt = [prefix + 1] * PREFIX_LEN + [(37 * self.count + i) % VOCAB for i in range(tail)]
+        prompt = shared_prefix_prompt(prefix, tail, self.count)
         request_id = f"r{self.count}"
         self.count += 1
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
