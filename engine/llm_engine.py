@@ -145,6 +145,10 @@ class LLMEngine:
             )
             for i in range(params.n)
         ]
+        # A copy's id ("a#1") may be another request's own id, or the reverse.
+        for child in children:
+            if child.request_id in self.scheduler.requests:
+                raise ValueError(f"request id {child.request_id!r} is already in use")
         self.outputs.add(request_id, prompt, children)
         for child in children:
             self.scheduler.add_request(child)

@@ -197,3 +197,24 @@ def test_abort_frees_everything(llm):
 def test_non_string_prompts_are_refused(llm):
     with pytest.raises(TypeError, match="prompt_token_ids"):
         llm.generate({"prompt_token_ids": [5, 6, 7]}, use_tqdm=False)
+
+
+def test_an_id_taken_by_a_copy_of_another_request_is_refused_with_nothing_changed(llm):
+    """ "a" with n=2 runs as "a#0" and "a#1": a request of its own named "a#0" (or an n > 1
+    request whose copy would take a running request's id) must not queue half-way and then
+    steal the copy's output."""
+    engine = llm.engine
+    engine.add_request("a", [5, 6, 7], SamplingParams(n=2, max_tokens=3))
+    engine.add_request("b#1", [5, 6], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match="'a#0' is already in use"):
+        engine.add_request("a#0", [5, 6], SamplingParams(max_tokens=3))
+    with pytest.raises(ValueError, match="'b#1' is already in use"):
+        engine.add_request("b", [5, 6], SamplingParams(n=2, max_tokens=3))
+    assert sorted(engine.outputs.parent_ids()) == ["a", "b#1"]
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    by_id = {o.request_id: o for o in outputs}
+    assert sorted(by_id) == ["a", "b#1"]
+    assert len(by_id["a"].outputs) == 2 and all(len(c.token_ids) == 3 for c in by_id["a"].outputs)
+    assert engine.check_integrity().in_use == 0
