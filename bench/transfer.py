@@ -6,7 +6,10 @@
 2. Time to first token of one disaggregated request through real prefill and decode node
    processes, broken into queue, remote prefill, transfer and the first decode step.
 
-    python -P bench/transfer.py [--block-kib 2048] [--skip-ttft] [--smoke]
+    python -P bench/transfer.py [--block-kib 2048] [--skip-ttft] [--smoke] [--hugepages]
+
+`--hugepages` puts the host buffers (both agents' and the copy's) on the kernel's reserved
+huge pages, as `--kv-hugepages` does for a node's KV pool.
 """
 
 from __future__ import annotations
@@ -26,17 +29,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.disagg.nodes
 
+from tandem.engine.host_memory import huge_page_bytes, hugepage_zeros
 from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
 from tests.disagg.nodes import Node, start_all
 
 RUNS = (1, 4, 16, 64, 128, 512)
 SMOKE_RUNS = (1, 4)
+MIN_SECONDS = 0.25
 POLL_S = 0.001  # the decode node's wait between polls while a remote prefill is due
 
 
-def _target(conn, num_blocks: int, block_bytes: int, device: str) -> None:
+def _zeros(num_blocks: int, block_bytes: int, device: str, hugepages: bool) -> torch.Tensor:
+    if hugepages:
+        return hugepage_zeros((num_blocks, block_bytes), torch.uint8)
+    return torch.zeros(num_blocks, block_bytes, dtype=torch.uint8, device=device)
+
+
+def _target(conn, num_blocks: int, block_bytes: int, device: str, hugepages: bool) -> None:
     torch.set_num_threads(1)
-    cache = torch.zeros(num_blocks, block_bytes, dtype=torch.uint8, device=device)
+    cache = _zeros(num_blocks, block_bytes, device, hugepages)
     agent = KVTransferAgent(new_agent_name("bench-decode"), cache)
     conn.send(agent.info())
     # Until the writer is done, poll the agent every millisecond, as a decode node does while
@@ -47,29 +58,41 @@ def _target(conn, num_blocks: int, block_bytes: int, device: str) -> None:
     conn.recv()
 
 
-def _time(fn, repeat: int) -> float:
-    fn()  # warm-up
-    samples = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+def _time_pair(first, second, repeat: int, min_seconds: float = MIN_SECONDS) -> list[float]:
+    """Median seconds of `first()` and of `second()`, called in turn (so both meet the
+    caches in the same state) at least `repeat` times each and for at least `min_seconds`
+    together: a run of one block takes 0.2 ms, and five samples of it are mostly noise."""
+    fns = (first, second)
+    for fn in fns:
+        fn()  # warm-up
+    samples: list[list[float]] = [[], []]
+    while len(samples[0]) < repeat or sum(map(sum, samples)) < min_seconds:
+        for fn, times in zip(fns, samples):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return [statistics.median(times) for times in samples]
 
 
 def bench_throughput(
-    block_bytes: int, device: str, repeat: int, runs: tuple[int, ...] = RUNS
+    block_bytes: int,
+    device: str,
+    repeat: int,
+    runs: tuple[int, ...] = RUNS,
+    hugepages: bool = False,
 ) -> list[tuple]:
+    """Source, target and the copy's destination all on huge pages when `hugepages`."""
     num_blocks = max(runs)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=_target, args=(there, num_blocks, block_bytes, device))
+    proc = ctx.Process(target=_target, args=(there, num_blocks, block_bytes, device, hugepages))
     proc.start()
     info = here.recv()
-    src = torch.randint(0, 255, (num_blocks, block_bytes), dtype=torch.uint8, device=device)
+    src = _zeros(num_blocks, block_bytes, device, hugepages)
+    src.copy_(torch.randint(0, 255, (num_blocks, block_bytes), dtype=torch.uint8, device=device))
     agent = KVTransferAgent(new_agent_name("bench-prefill"), src)
     agent.connect(info)
-    local = torch.zeros_like(src)
+    local = _zeros(num_blocks, block_bytes, device, hugepages)
     rows = []
     for n in runs:
         ids = list(range(n))
@@ -85,7 +108,7 @@ def bench_throughput(
             if device == "cuda":
                 torch.cuda.synchronize()
 
-        nixl_s, copy_s = _time(write, repeat), _time(copy, repeat)
+        nixl_s, copy_s = _time_pair(write, copy, repeat)
         gb = n * block_bytes / 1e9
         rows.append((n, n * block_bytes, nixl_s, gb / nixl_s, gb / copy_s, copy_s / nixl_s))
     here.send("done")
@@ -142,7 +165,14 @@ def main() -> None:
     parser.add_argument(
         "--smoke", action="store_true", help="64 KiB blocks, runs of 1 and 4, one repeat"
     )
+    parser.add_argument(
+        "--hugepages",
+        action="store_true",
+        help="host buffers on reserved huge pages (3 x the largest run: sysctl vm.nr_hugepages)",
+    )
     args = parser.parse_args()
+    if args.hugepages and args.device != "cpu":
+        parser.error("--hugepages is for host buffers (--device cpu)")
     runs = RUNS
     if args.smoke:
         args.block_kib, args.repeat, runs = 64, 1, SMOKE_RUNS
@@ -153,11 +183,15 @@ def main() -> None:
         f"interop threads, device {args.device}, torch {torch.__version__}"
     )
     block_bytes = args.block_kib * 1024
-    print(f"\nNIXL WRITE between two processes vs in-process copy, {args.block_kib} KiB blocks")
+    pages = f"{huge_page_bytes() >> 20} MiB huge pages" if args.hugepages else "default pages"
+    print(
+        f"\nNIXL WRITE between two processes vs in-process copy, {args.block_kib} KiB blocks, "
+        f"host buffers on {pages}"
+    )
     print("| blocks | bytes | NIXL ms | NIXL GB/s | copy GB/s | NIXL/copy |")
     print("|---:|---:|---:|---:|---:|---:|")
     for n, size, nixl_s, nixl_bw, copy_bw, ratio in bench_throughput(
-        block_bytes, args.device, args.repeat, runs
+        block_bytes, args.device, args.repeat, runs, args.hugepages
     ):
         print(
             f"| {n} | {size / 2**20:g} MiB | {nixl_s * 1e3:.2f} | {nixl_bw:.2f} | {copy_bw:.2f} "

@@ -210,11 +210,13 @@ def resolve_kernels(kernels: str, device: torch.device) -> str:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """The paged KV cache: `num_blocks` blocks of `block_size` tokens each."""
+    """The paged KV cache: `num_blocks` blocks of `block_size` tokens each; `hugepages`: a
+    host pool on the kernel's reserved huge pages (`tandem.engine.host_memory`)."""
 
     block_size: int = 16
     num_blocks: int = 0
     enable_prefix_caching: bool = True
+    hugepages: bool = False
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -259,6 +261,8 @@ class EngineConfig:
             raise ValueError(f"unknown kernels {self.kernels!r}; use auto, torch or triton")
         if self.cuda_graphs and self.kernels != "triton":
             raise ValueError("CUDA graphs need the Triton kernels (kernels='triton')")
+        if self.cache.hugepages and self.device.type != "cpu":
+            raise ValueError(f"kv_hugepages is for a KV cache in host memory, not on {self.device}")
         max_len = self.scheduler.max_model_len
         if max_len > self.model.max_position_embeddings:
             raise ValueError(

@@ -38,6 +38,7 @@ class LLM:
         gpu_memory_utilization: float = 0.9,
         kernels: str = "auto",
         enforce_eager: bool = False,
+        kv_hugepages: bool = False,
     ) -> None:
         args = EngineArgs(
             model=str(model),
@@ -53,6 +54,7 @@ class LLM:
             gpu_memory_utilization=gpu_memory_utilization,
             kernels=kernels,
             enforce_eager=enforce_eager,
+            kv_hugepages=kv_hugepages,
         )
         self.engine = LLMEngine.from_args(args)
         self.tokenizer = self.engine.tokenizer

@@ -54,6 +54,7 @@ class EngineArgs:
     seed: int = 0
     kernels: str = "auto"
     enforce_eager: bool = False
+    kv_hugepages: bool = False
 
     def create_config(self) -> EngineConfig:
         model = ModelConfig.from_pretrained(self.model)
@@ -68,7 +69,7 @@ class EngineArgs:
         probe = EngineConfig(
             self.model,
             model,
-            CacheConfig(self.block_size, 1, self.enable_prefix_caching),
+            CacheConfig(self.block_size, 1, self.enable_prefix_caching, self.kv_hugepages),
             scheduler,
             device,
             resolve_dtype(self.dtype, model, device),
@@ -78,7 +79,7 @@ class EngineArgs:
         )
         num_blocks = self.num_kv_blocks or self._default_num_blocks(probe)
         return dataclasses.replace(
-            probe, cache=CacheConfig(self.block_size, num_blocks, self.enable_prefix_caching)
+            probe, cache=dataclasses.replace(probe.cache, num_blocks=num_blocks)
         )
 
     def _default_num_blocks(self, probe: EngineConfig) -> int:

@@ -15,6 +15,7 @@ import torch
 from tandem.engine.attention import AttentionBackend, AttentionBatch, CommonAttentionMetadata
 from tandem.engine.config import EngineConfig
 from tandem.engine.cuda_graphs import DecodeGraphs
+from tandem.engine.host_memory import hugepage_zeros
 from tandem.engine.loader import load_weights
 from tandem.engine.models.registry import model_class
 from tandem.engine.request import Request
@@ -54,6 +55,8 @@ def allocate_kv_cache(config: EngineConfig) -> torch.Tensor:
         m.num_kv_heads,
         m.head_dim,
     )
+    if config.cache.hugepages:
+        return hugepage_zeros(shape, config.dtype)
     return torch.zeros(shape, dtype=config.dtype, device=config.device)
 
 

@@ -49,6 +49,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--enforce-eager", action="store_true", help="no CUDA graphs for decode steps"
     )
     parser.add_argument(
+        "--kv-hugepages",
+        action="store_true",
+        default=os.environ.get("TANDEM_KV_HUGEPAGES", "0") not in ("", "0"),
+        help="a CPU KV pool on reserved huge pages (sysctl vm.nr_hugepages; in Kubernetes a "
+        "hugepages-2Mi limit): NIXL pins one page per 2 MiB instead of 512 "
+        "(default: $TANDEM_KV_HUGEPAGES)",
+    )
+    parser.add_argument(
         "--revision",
         default=os.environ.get("TANDEM_REVISION", ""),
         help="model revision label; routers pair prefill and decode only within one "
@@ -79,6 +87,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         gpu_memory_utilization=args.gpu_memory_utilization,
         kernels=args.kernels,
         enforce_eager=args.enforce_eager,
+        kv_hugepages=args.kv_hugepages,
     )
 
 

@@ -52,3 +52,30 @@ def tokenizer(llama_dir):
     from tandem.engine.tokenizer import load_tokenizer
 
     return load_tokenizer(llama_dir)
+
+
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+
+
+@pytest.fixture
+def free_hugepages():
+    """`ensure(n)`: at least `n` huge pages free, the kernel's reservation raised for this
+    test alone when it falls short (root only) and put back afterwards."""
+    from tandem.engine.host_memory import free_huge_pages
+
+    before = int(NR_HUGEPAGES.read_text())
+
+    def ensure(n: int) -> None:
+        short = n - free_huge_pages()
+        if short <= 0:
+            return
+        try:
+            NR_HUGEPAGES.write_text(str(int(NR_HUGEPAGES.read_text()) + short))
+        except OSError:
+            pytest.skip(f"needs {n} free huge pages, or root to reserve them")
+        if free_huge_pages() < n:
+            pytest.skip(f"the kernel found memory for only {free_huge_pages()} huge pages")
+
+    yield ensure
+    if int(NR_HUGEPAGES.read_text()) != before:
+        NR_HUGEPAGES.write_text(str(before))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.engine.host_memory import huge_page_bytes
 from tests.bench_run import run_bench
 
 
@@ -35,3 +36,11 @@ def test_offline_benchmark_runs_both_systems(flags, malloc):
     for line in ("workload 0: 4 requests", "tandem: ", "transformers: ", "ratio: "):
         assert line in stdout, stdout
     assert "identical greedy outputs: " in stdout and "/4\n" in stdout, stdout
+
+
+def test_transfer_benchmark_on_huge_pages(free_hugepages):
+    free_hugepages(3)  # source, target and the copy's destination: a page each
+    stdout = run_bench("transfer.py", "--smoke", "--skip-ttft", "--hugepages")
+    assert f"host buffers on {huge_page_bytes() >> 20} MiB huge pages" in stdout, stdout
+    for row in ("| 1 | 0.0625 MiB |", "| 4 | 0.25 MiB |"):
+        assert row in stdout, stdout

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from tandem.engine.host_memory import hugepage_zeros
 from tandem.engine.kv_transfer import (
     AbortAck,
     AgentInfo,
@@ -68,10 +69,14 @@ def test_agent_names_carry_a_boot_id():
     assert a != b and a.startswith("prefill-pod-") and b.startswith("prefill-pod-")
 
 
-def _target(conn) -> None:
+def _zeros(hugepages: bool) -> torch.Tensor:
+    return hugepage_zeros(SHAPE, torch.float32) if hugepages else torch.zeros(SHAPE)
+
+
+def _target(conn, hugepages: bool) -> None:
     """The decode side: registers a zeroed cache, reports it, waits, returns its bytes."""
     torch.set_num_threads(1)
-    cache = torch.zeros(SHAPE, dtype=torch.float32)
+    cache = _zeros(hugepages)
     agent = KVTransferAgent(new_agent_name("decode"), cache)
     conn.send(agent.info())
     deadline = time.monotonic() + 20
@@ -82,14 +87,18 @@ def _target(conn) -> None:
     conn.send((notes, cache.numpy().tobytes()))
 
 
-def test_nixl_write_between_processes_is_bit_exact():
+@pytest.mark.parametrize("hugepages", [False, True], ids=["4k-pages", "huge-pages"])
+def test_nixl_write_between_processes_is_bit_exact(hugepages, free_hugepages):
+    if hugepages:
+        free_hugepages(2)
     ctx = mp.get_context("spawn")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=_target, args=(there,))
+    proc = ctx.Process(target=_target, args=(there, hugepages))
     proc.start()
     try:
         info = here.recv()
-        source = torch.randn(SHAPE, dtype=torch.float32)
+        source = _zeros(hugepages)
+        source.copy_(torch.randn(SHAPE))
         agent = KVTransferAgent(new_agent_name("prefill"), source)
         agent.connect(info)
         src, dst = [0, 1, 2, 7, 5], [3, 4, 5, 9, 0]

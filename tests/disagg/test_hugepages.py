@@ -1,0 +1,41 @@
+"""Prefill and decode nodes whose KV pools sit on huge pages (`--kv-hugepages`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.engine.config import ModelConfig
+from tandem.engine.host_memory import free_huge_pages, huge_page_bytes
+from tests.disagg.nodes import Node, assert_clean, running, wait_until
+from tests.disagg.test_disagg import offline, run_concurrently, workload
+
+FLAGS = ("--max-num-batched-tokens", "256", "--max-model-len", "512", "--kv-hugepages")
+
+
+def test_nodes_on_huge_pages_match_offline_and_give_the_pages_back(
+    llama_dir, node_logs, llm, free_hugepages
+):
+    free_hugepages(4)
+    free = free_huge_pages()
+    nodes = {
+        "p": Node("prefill", llama_dir, node_logs, *FLAGS, "--num-kv-blocks", "128"),
+        "d": Node("decode", llama_dir, node_logs, *FLAGS, "--num-kv-blocks", "128"),
+    }
+    with running(nodes):
+        assert free_huge_pages() <= free - 2  # one pool each, at least a page apiece
+        items = workload(3, 12)
+        results = run_concurrently(nodes["d"], items, nodes["p"], "huge-")
+        assert [tokens for tokens, _, _ in results] == offline(llm, items)
+        assert_clean(nodes["d"], nodes["p"])
+    assert wait_until(lambda: free_huge_pages() == free)
+
+
+def test_a_node_without_enough_huge_pages_says_so(llama_dir, node_logs):
+    m = ModelConfig.from_pretrained(llama_dir)
+    block_bytes = m.num_layers * 2 * 16 * m.num_kv_heads * m.head_dim * 4  # float32
+    blocks = (free_huge_pages() + 1) * huge_page_bytes() // block_bytes + 1  # one page short
+    node = Node("decode", llama_dir, node_logs, *FLAGS, "--num-kv-blocks", str(blocks))
+    with pytest.raises(RuntimeError, match="exited"):
+        running({"d": node}).__enter__()
+    log = (node_logs / f"decode-{node.http_port}.log").read_text()
+    assert "vm.nr_hugepages" in log
