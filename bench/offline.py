@@ -50,6 +50,7 @@ def run_tandem(model_dir, warmup, workloads, args):
         str(model_dir),
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_hugepages=args.kv_hugepages,
     )
     _tandem_generate(llm, *warmup)
     results = []
@@ -136,6 +137,11 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="pyinstrument Tandem's first")
     parser.add_argument(
         "--keep-heap", action="store_true", help="glibc keeps freed memory (both systems)"
+    )
+    parser.add_argument(
+        "--kv-hugepages",
+        action="store_true",
+        help="Tandem's KV pool on reserved huge pages (2 GiB: sysctl vm.nr_hugepages=1024)",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="4 short requests on a tiny model, one workload"

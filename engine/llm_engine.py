@@ -7,6 +7,7 @@ state changes, so a bad request never disturbs the others.
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -78,6 +79,7 @@ class EngineArgs:
             kernels == "triton" and not self.enforce_eager,
         )
         num_blocks = self.num_kv_blocks or self._default_num_blocks(probe)
+        check_kv_cache_fits(probe, num_blocks)
         return dataclasses.replace(
             probe, cache=dataclasses.replace(probe.cache, num_blocks=num_blocks)
         )
@@ -97,6 +99,24 @@ class EngineArgs:
         per_seq = -(-probe.scheduler.max_model_len // self.block_size)
         wanted = per_seq * probe.scheduler.max_num_seqs
         return max(1, min(wanted, _CPU_KV_CACHE_BYTES // block_bytes))
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """All the memory of `device`: the GPU's, or the machine's for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_kv_cache_fits(config: EngineConfig, num_blocks: int) -> None:
+    """Raise ValueError when `num_blocks` blocks exceed the device's whole memory, before
+    the block pool (one Python object per block) or the tensor is built."""
+    need, have = num_blocks * kv_block_bytes(config), device_memory_bytes(config.device)
+    if need > have:
+        raise ValueError(
+            f"num_kv_blocks={num_blocks}: a KV cache of {need / 2**30:.1f} GiB does not fit "
+            f"in the {have / 2**30:.1f} GiB of {config.device}"
+        )
 
 
 class LLMEngine:

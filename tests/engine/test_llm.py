@@ -73,6 +73,11 @@ def test_a_sequence_that_can_never_fit_the_pool_is_refused(llama_dir):
         small.generate(prompt_token_ids=[[5] * 70], sampling_params=SamplingParams(max_tokens=1))
 
 
+def test_a_pool_larger_than_the_machine_is_refused_before_it_is_built(llama_dir):
+    with pytest.raises(ValueError, match=r"num_kv_blocks=1000000000000: a KV cache of .* GiB"):
+        LLM(str(llama_dir), num_kv_blocks=10**12)  # a pool of 10**12 blocks would never end
+
+
 def test_unknown_model_folder_is_an_os_error(tmp_path):
     with pytest.raises(OSError, match=r"no config\.json"):
         LLM(str(tmp_path))
