@@ -52,9 +52,9 @@ def hugepage_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     except OSError as e:
         raise OSError(
             e.errno,
-            f"cannot map {num_pages} huge pages of {page >> 20} MiB for the KV cache "
-            f"({free_huge_pages()} free): reserve them with `sysctl vm.nr_hugepages=N` "
-            "(in Kubernetes, a hugepages-2Mi limit), or run without huge pages",
+            f"cannot map {num_pages} huge pages of {page >> 20} MiB ({free_huge_pages()} "
+            "free): reserve them with `sysctl vm.nr_hugepages=N` (in Kubernetes, a "
+            "hugepages-2Mi limit), or run without huge pages",
         ) from e
     flat = torch.frombuffer(region, dtype=torch.uint8, count=nbytes)  # keeps `region` alive
     return flat.view(dtype).view(shape)
