@@ -43,7 +43,7 @@ def hugepage_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     zeroes them as it maps them). The mapping lives as long as the tensor (and its views).
 
     Raises OSError, naming the pages wanted and free, when too few are reserved."""
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     page = huge_page_bytes()
     num_pages = max(1, -(-nbytes // page))
     flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB | mmap.MAP_POPULATE

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.engine.config import ModelConfig
 from tandem.engine.host_memory import free_huge_pages, huge_page_bytes
+from tandem.engine.llm_engine import EngineArgs
+from tandem.engine.model_runner import kv_block_bytes
 from tests.disagg.nodes import Node, assert_clean, running, wait_until
 from tests.disagg.test_disagg import offline, run_concurrently, workload
 
@@ -31,8 +32,7 @@ def test_nodes_on_huge_pages_match_offline_and_give_the_pages_back(
 
 
 def test_a_node_without_enough_huge_pages_says_so(llama_dir, node_logs):
-    m = ModelConfig.from_pretrained(llama_dir)
-    block_bytes = m.num_layers * 2 * 16 * m.num_kv_heads * m.head_dim * 4  # float32
+    block_bytes = kv_block_bytes(EngineArgs(str(llama_dir), num_kv_blocks=1).create_config())
     blocks = (free_huge_pages() + 1) * huge_page_bytes() // block_bytes + 1  # one page short
     node = Node("decode", llama_dir, node_logs, *FLAGS, "--num-kv-blocks", str(blocks))
     with pytest.raises(RuntimeError, match="exited"):
