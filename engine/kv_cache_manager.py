@@ -64,7 +64,8 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> ComputedBlocks:
         """Longest cached prefix of the request's full blocks, leaving at least one token to
-        compute (the model must run to produce logits). No side effect but the stats."""
+        compute (the model must run to produce logits). No side effect: the scheduler counts
+        the prefix-cache stats once, when it admits the request."""
         if not self.enable_caching:
             return ComputedBlocks()
         self._update_hashes(request)
@@ -75,10 +76,7 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        num_tokens = len(hits) * self.block_size
-        self.stats.queries += request.num_tokens
-        self.stats.hits += num_tokens
-        return ComputedBlocks(tuple(hits), num_tokens)
+        return ComputedBlocks(tuple(hits), len(hits) * self.block_size)
 
     def can_allocate(
         self, request: Request, num_new_tokens: int, computed: ComputedBlocks = ComputedBlocks()

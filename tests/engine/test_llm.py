@@ -87,12 +87,13 @@ def test_n_copies_share_the_prompt_blocks_and_differ(llm):
     prompt = [7] * 64  # four full blocks
     params = SamplingParams(n=4, max_tokens=8, temperature=1.0, seed=11)
     stats = llm.engine.kv.stats
-    hits_before = stats.hits
+    queries_before, hits_before = stats.queries, stats.hits
     out = llm.generate(prompt_token_ids=[prompt], sampling_params=params, use_tqdm=False)[0]
     assert [c.index for c in out.outputs] == [0, 1, 2, 3]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     # copies 1..3 each reuse the three full blocks copy 0 published (the last is recomputed)
-    assert stats.hits - hits_before >= 3 * 48
+    assert stats.queries - queries_before == 4 * 64
+    assert stats.hits - hits_before == 3 * 48
 
 
 def test_seeded_sampling_is_reproducible_whatever_the_batch(llm):

@@ -31,7 +31,9 @@ def make_scheduler(tokens=64, seqs=8, blocks=64, block_size=4, max_len=256) -> S
 
 
 def request(rid: str, prompt_len: int, max_tokens: int = 8) -> Request:
-    prompt = [(hash(rid) + i) % VOCAB for i in range(prompt_len)]
+    # crc32, not hash(): str hashes change with every process (PYTHONHASHSEED)
+    offset = zlib.crc32(rid.encode())
+    prompt = [(offset + i) % VOCAB for i in range(prompt_len)]
     return Request(rid, prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
 
 
