@@ -21,6 +21,7 @@ from tandem.engine.models.registry import model_class
 from tandem.engine.request import Request
 from tandem.engine.sampler import Sampler
 from tandem.engine.scheduler import ModelRunnerOutput, SchedulerOutput
+from tandem.engine.step_event import StepEvent
 from tandem.engine.torch_attention import TorchAttentionBackend
 from tandem.kernels.attention_plan import device_num_sms
 from tandem.kernels.ops import kernel_ops
@@ -127,6 +128,7 @@ class ModelRunner:
         else:
             attn = AttentionBatch(self.backend, self.backend.build(common))
             hidden = self._forward(input_ids, positions, attn)  # [T, H]
+        kv_written = StepEvent.record(hidden.device)
         num_seqs = len(out.scheduled)
         sampled: list[int | None] = [None] * num_seqs
         logprobs: list = [None] * num_seqs
@@ -137,7 +139,7 @@ class ModelRunner:
             for row, token_id, lp in zip(sample_rows, result.token_ids, result.logprobs):
                 sampled[row] = token_id
                 logprobs[row] = lp
-        return ModelRunnerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+        return ModelRunnerOutput(sampled, logprobs, kv_written)
 
     def _prepare(
         self, out: SchedulerOutput

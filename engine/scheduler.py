@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from tandem.engine.config import SchedulerConfig
 from tandem.engine.kv_cache_manager import ComputedBlocks, KVCacheManager
 from tandem.engine.request import Request, RequestStatus, TokenLogprobs
+from tandem.engine.step_event import StepEvent
 
 
 @dataclass
@@ -57,10 +58,13 @@ class SchedulerOutput:
 @dataclass
 class ModelRunnerOutput:
     """Per scheduled request, in batch order: the sampled token (None for a prefill chunk that
-    did not reach the end of the sequence) and its log-probabilities when asked for."""
+    did not reach the end of the sequence) and its log-probabilities when asked for.
+    `kv_written`: the step's KV writes have landed once it is waited on (a step that samples
+    nothing never synchronizes the device by itself)."""
 
     sampled_token_ids: list[int | None]
     logprobs: list[TokenLogprobs | None]
+    kv_written: StepEvent = field(default_factory=StepEvent)
 
 
 @dataclass(frozen=True)

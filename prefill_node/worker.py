@@ -35,6 +35,7 @@ from tandem.engine.node_core import NodeCore
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import SchedulerOutput, remote_hold_key
+from tandem.engine.step_event import StepEvent
 
 logger = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class PrefillWorker:
         # Writes are posted before `update_from_output`, which frees a finished request's
         # blocks; a job that cannot post ends after it, since the batch still holds its
         # request until then.
-        failed = self._post_writes(out)
+        failed = self._post_writes(out, result.kv_written)
         for request in scheduler.update_from_output(out, result):
             job = self.jobs[request.request_id]
             if job.ended is None and job.key not in failed:
@@ -158,13 +159,14 @@ class PrefillWorker:
         for key, reason in failed.items():
             self._end(self.jobs[key], reason)
 
-    def _post_writes(self, out: SchedulerOutput) -> dict[str, str]:
-        """Post the writes this step made possible; {job key: why it must end} for the
-        jobs that could not post."""
+    def _post_writes(self, out: SchedulerOutput, kv_written: StepEvent) -> dict[str, str]:
+        """Post the writes this step made possible, once its kernels wrote the KV;
+        {job key: why it must end} for the jobs that could not post."""
         failed = {}
         for request, n in zip(out.scheduled, out.num_scheduled_tokens):
             job = self.jobs[request.request_id]
-            if (reason := self._post_ready(job, request.num_computed_tokens + n)) is not None:
+            reason = self._post_ready(job, request.num_computed_tokens + n, kv_written)
+            if reason is not None:
                 failed[job.key] = reason
         return failed
 
@@ -185,9 +187,10 @@ class PrefillWorker:
     def busy(self) -> bool:
         return self.core.scheduler.has_unfinished_requests()
 
-    def _post_ready(self, job: Job, num_computed: int) -> str | None:
-        """Write the blocks the request has completed and not yet posted. Returns why the
-        job must end instead (its deadline passed, or the write could not be posted)."""
+    def _post_ready(self, job: Job, num_computed: int, kv_written: StepEvent) -> str | None:
+        """Write the blocks the request has completed and not yet posted, after waiting for
+        the step that computed them. Returns why the job must end instead (its deadline
+        passed, or the write could not be posted)."""
         if job.ended is not None:
             return None
         kv = self.core.kv
@@ -207,6 +210,7 @@ class PrefillWorker:
         self._xfers += 1
         hold = f"{job.key}#w{self._xfers}"
         kv.hold(hold, job.key, start, ready)
+        kv_written.wait()  # NIXL reads the blocks now, outside the device's stream order
         try:
             transfer = self.core.agent.write_blocks(job.msg.agent.name, src, dst)
         except Exception as exc:  # NIXL raises when the remote agent is unreachable
@@ -251,8 +255,12 @@ class PrefillWorker:
             )
             try:
                 self.core.agent.notify(msg.agent.name, encode(done))
-            except Exception as exc:
+            except Exception as exc:  # NIXL raises when the remote agent is unreachable
+                # Every write has landed, so the decode node may reuse its blocks: tell it
+                # now rather than let it wait out its prefill deadline.
                 logger.warning("prefill %s: notification failed: %s", job.key, exc)
+                self.core.metrics.child(self.core.metrics.transfer_failures, reason="notify").inc()
+                self.reply(job.peer, PrefillFailed(msg.request_id, msg.attempt, "notify"))
         else:
             return  # still computing
         del self.jobs[job.key]
