@@ -1,9 +1,29 @@
-"""Tandem's engine core: paged KV cache, scheduler, model runner, sampler, offline API."""
+"""Tandem's engine core: paged KV cache, scheduler, model runner, sampler, offline API.
 
-from tandem.engine.llm import LLM
-from tandem.engine.llm_engine import EngineArgs, LLMEngine
-from tandem.engine.outputs import CompletionOutput, RequestOutput
-from tandem.engine.sampling_params import SamplingParams
+The public names load on first use (PEP 562): importing a light submodule such as
+`tandem.engine.cli` or `tandem.engine.kube_config` must not load torch and transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tandem.engine.llm import LLM
+    from tandem.engine.llm_engine import EngineArgs, LLMEngine
+    from tandem.engine.outputs import CompletionOutput, RequestOutput
+    from tandem.engine.sampling_params import SamplingParams
+
+# public name -> the submodule that defines it
+_EXPORTS = {
+    "LLM": "tandem.engine.llm",
+    "CompletionOutput": "tandem.engine.outputs",
+    "EngineArgs": "tandem.engine.llm_engine",
+    "LLMEngine": "tandem.engine.llm_engine",
+    "RequestOutput": "tandem.engine.outputs",
+    "SamplingParams": "tandem.engine.sampling_params",
+}
 
 __all__ = [
     "LLM",
@@ -13,3 +33,15 @@ __all__ = [
     "RequestOutput",
     "SamplingParams",
 ]
+assert set(__all__) == set(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

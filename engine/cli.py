@@ -1,6 +1,7 @@
 """The `tandem` command. Subcommands live with their component; the table names them by
-module so that `tandem make-model` never imports the router, and the engine never imports a
-component above it."""
+module, and only the module of the subcommand that runs is imported: `tandem operator`
+loads no torch, `tandem make-model` never imports the router, and the engine never imports
+a component above it."""
 
 from __future__ import annotations
 
@@ -22,24 +23,35 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="tandem", description="Disaggregated LLM serving.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub_parsers = {}
-    for name, (module, help_text) in COMMANDS.items():
-        sub_parser = sub_parsers[name] = sub.add_parser(name, help=help_text)
-        sub_parser.set_defaults(module=module)
-        importlib.import_module(module).add_arguments(sub_parser)
-        sub_parser.add_argument(
-            "--config", metavar="FILE",
-            help="JSON object of flag -> value, e.g. {\"http-port\": 8000}; "
-            "flags given on the command line win",
-        )  # fmt: skip
-    argv = sys.argv[1:] if argv is None else argv
+    sub_parsers = {
+        name: sub.add_parser(name, help=help_text) for name, (_, help_text) in COMMANDS.items()
+    }
+    # Only the chosen subcommand's module is imported (and its flags added); the top-level
+    # parser has no flags of its own but --help, so the subcommand is the first argument.
+    name = argv[0] if argv else None
+    if name not in COMMANDS:
+        parser.parse_args(argv)  # usage, --help or an unknown command: argparse exits
+        return
+    module = importlib.import_module(COMMANDS[name][0])
+    add_subcommand_arguments(sub_parsers[name], module)
     args = parser.parse_args(argv)
     if args.config:
-        apply_config(sub_parsers[args.command], args.config)
+        apply_config(sub_parsers[name], args.config)
         args = parser.parse_args(argv)
-    importlib.import_module(args.module).run(args)
+    module.run(args)
+
+
+def add_subcommand_arguments(parser: argparse.ArgumentParser, module: object) -> None:
+    """The subcommand's own flags, plus `--config FILE` that every subcommand takes."""
+    module.add_arguments(parser)
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="JSON object of flag -> value, e.g. {\"http-port\": 8000}; "
+        "flags given on the command line win",
+    )  # fmt: skip
 
 
 def apply_config(parser: argparse.ArgumentParser, path: str) -> None:
