@@ -1,8 +1,9 @@
 """Stable chained hashes of full KV blocks, shared by the nodes and the router's prefix index.
 
-A block's hash covers its parent's hash, its token ids and the extra keys (model revision,
-`cache_salt`), so equal hashes mean equal KV contents. SHA-256 truncated to 64 bits: stable
-across processes and machines, unlike Python's `hash`.
+A block's hash covers its parent's hash, its token ids and the extra keys (the node's model
+revision, then the request's `cache_salt`), so equal hashes mean equal KV contents: blocks
+computed by another revision of the model, or for another tenant, never match. SHA-256
+truncated to 64 bits: stable across processes and machines, unlike Python's `hash`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ def hash_block(
     for key in extra_keys:
         h.update(b"\x00" + key.encode())
     return int.from_bytes(h.digest()[:8], "little")
+
+
+def block_extra_keys(revision: str = "", cache_salt: str | None = None) -> tuple[str, ...]:
+    """The extra keys of a request's first block, in the one order nodes and routers use."""
+    return (*((revision,) if revision else ()), *((cache_salt,) if cache_salt else ()))
 
 
 def hash_blocks(

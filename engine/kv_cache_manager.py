@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tandem.engine.block_hash import hash_blocks
+from tandem.engine.block_hash import block_extra_keys, hash_blocks
 from tandem.engine.block_pool import BlockCounts, BlockPool, KVCacheBlock
 from tandem.engine.request import Request
 
@@ -38,7 +38,7 @@ class KVCacheManager:
     block_size: int
     num_blocks: int
     enable_caching: bool = True
-    extra_keys: tuple[str, ...] = ()
+    revision: str = ""  # the model revision label: part of every block hash
     record_events: bool = False
     pool: BlockPool = field(init=False)
     stats: PrefixCacheStats = field(default_factory=PrefixCacheStats)
@@ -181,7 +181,7 @@ class KVCacheManager:
         hashes = request.block_hashes
         if len(hashes) >= request.num_tokens // self.block_size:
             return
-        keys = self.extra_keys + ((request.cache_salt,) if request.cache_salt else ())
+        keys = block_extra_keys(self.revision, request.cache_salt)
         parent = hashes[-1] if hashes else None
         hashes.extend(
             hash_blocks(request.all_token_ids, self.block_size, keys, parent, len(hashes))

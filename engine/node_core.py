@@ -125,6 +125,7 @@ class NodeCore:
             config.cache.block_size,
             config.cache.num_blocks,
             config.cache.enable_prefix_caching,
+            revision=identity.revision,
             record_events=record_events,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, remote_prefill_threshold)

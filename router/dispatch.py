@@ -73,7 +73,7 @@ class Dispatcher:
     def route(self, prompt: Prompt, exclude: frozenset[str] = frozenset()) -> Route:
         """Pick (prefill, decode) for a prompt; Unavailable when no decode worker is up."""
         start = time.perf_counter()
-        overlaps = {url: self.index.overlap(url, prompt.block_hashes) for url in self.pool.workers}
+        overlaps = self._overlaps(prompt)
         prefill, decode = self.pool.snapshot(overlaps, exclude)
         self._seq += 1
         req = RouteRequest(
@@ -84,6 +84,13 @@ class Dispatcher:
             raise Unavailable("no decode worker is available", retry_after=1)
         self.metrics.observe_route(route, time.perf_counter() - start)
         return route
+
+    def _overlaps(self, prompt: Prompt) -> dict[str, int]:
+        """Cached leading blocks per worker, each matched with its revision's hashes."""
+        return {
+            url: self.index.overlap(url, prompt.hashes_for(worker.revision, self.block_size))
+            for url, worker in self.pool.workers.items()
+        }
 
     async def records(self, job: Job, buffered: bool = False) -> AsyncIterator[dict[str, Any]]:
         """The decode worker's records for `job`. With `buffered`, records are held until

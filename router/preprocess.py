@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from tandem.engine.block_hash import hash_blocks
+from tandem.engine.block_hash import block_extra_keys, hash_blocks
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.tokenizer import encode_chat
 from tandem.router.errors import InvalidRequest
@@ -28,11 +28,30 @@ from tandem.router.protocol import (
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt, tokenized: `text` is what `echo` repeats (None for token-id prompts)."""
+    """One prompt, tokenized: `text` is what `echo` repeats (None for token-id prompts).
+    `block_hashes` are its full blocks' hashes for workers without a revision label; a
+    labelled worker's blocks hash the revision too (`hashes_for`)."""
 
     token_ids: list[int]
     text: str | None
     block_hashes: tuple[int, ...]
+    cache_salt: str | None = None
+    _by_revision: dict[str, tuple[int, ...]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def hashes_for(self, revision: str, block_size: int) -> tuple[int, ...]:
+        """The block hashes a worker of `revision` reports for this prompt (computed once
+        per revision)."""
+        if not revision:
+            return self.block_hashes
+        hashes = self._by_revision.get(revision)
+        if hashes is None:
+            keys = block_extra_keys(revision, self.cache_salt)
+            hashes = self._by_revision[revision] = tuple(
+                hash_blocks(self.token_ids, block_size, keys)
+            )
+        return hashes
 
 
 @dataclass(frozen=True)
@@ -122,9 +141,8 @@ class Preprocessor:
                 f"prompt has {len(token_ids)} tokens, leaving no room for output",
                 "prompt",
             )
-        extra = (cache_salt,) if cache_salt else ()
-        hashes = hash_blocks(token_ids, limits.block_size, extra)
-        return Prompt(token_ids, text, tuple(hashes))
+        hashes = hash_blocks(token_ids, limits.block_size, block_extra_keys("", cache_salt))
+        return Prompt(token_ids, text, tuple(hashes), cache_salt)
 
     def _check_ids(self, token_ids: list[int], param: str) -> None:
         vocab = self.limits.vocab_size

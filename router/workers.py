@@ -68,6 +68,10 @@ class WorkerState:
         return urlsplit(self.url).hostname or "127.0.0.1"
 
     @property
+    def revision(self) -> str:
+        return str(self.info.get("revision") or "")
+
+    @property
     def agent(self) -> str | None:
         return self.info.get("agent")
 
@@ -158,7 +162,7 @@ class WorkerPool:
                 WorkerView(
                     url,
                     w.address.role,
-                    str(w.info.get("revision", "")),
+                    w.revision,
                     w.endpoint,
                     load.running,
                     load.waiting,
