@@ -2,6 +2,8 @@
 
 Sockets use ZMQ_IMMEDIATE, so a message is only queued on a live connection: a request
 never waits in a buffer for a dead worker and is never delivered, stale, to its successor.
+Each socket has a monitor, so a connection that drops (a worker killed mid-request) is
+reported at once (`lost()`) rather than found out at the request's deadline.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 
 import msgspec
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from tandem.engine.kv_transfer import FromPrefill, decode_from_prefill, encode
 
@@ -20,12 +23,14 @@ CONNECT_TIMEOUT_MS = 500
 
 
 class PrefillClient:
-    """Owns the DEALER sockets, registering each with the node's poller."""
+    """Owns the DEALER sockets and their monitors, registering each with the node's
+    poller."""
 
     def __init__(self, context: zmq.Context, poller: zmq.Poller) -> None:
         self.context = context
         self.poller = poller
         self.sockets: dict[str, zmq.Socket] = {}
+        self.monitors: dict[str, zmq.Socket] = {}
 
     def send(self, endpoint: str, message: msgspec.Struct) -> bool:
         """Queue `message` for the worker at `endpoint` ("tcp://host:port"). False when no
@@ -36,8 +41,8 @@ class PrefillClient:
             sock.poll(CONNECT_TIMEOUT_MS, zmq.POLLOUT)
         try:
             sock.send(encode(message), zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            logger.warning("prefill worker %s unreachable: %s", endpoint, exc)
+        except zmq.ZMQError as exc:  # the caller says what it gives up
+            logger.debug("prefill worker %s unreachable: %s", endpoint, exc)
             return False
         return True
 
@@ -56,17 +61,36 @@ class PrefillClient:
                     logger.warning("undecodable reply from %s: %s", endpoint, exc)
         return replies
 
+    def lost(self) -> list[str]:
+        """Endpoints whose connection dropped since the last call (the worker died, or the
+        network did): nothing sent there before may ever be answered."""
+        dropped = []
+        for endpoint, monitor in self.monitors.items():
+            while True:
+                try:
+                    event = recv_monitor_message(monitor, zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                if event["event"] == zmq.EVENT_DISCONNECTED and endpoint not in dropped:
+                    dropped.append(endpoint)
+        return dropped
+
     def _socket(self, endpoint: str) -> zmq.Socket:
         sock = self.sockets.get(endpoint)
         if sock is None:
             sock = self.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)
+            monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             sock.connect(endpoint)
             self.poller.register(sock, zmq.POLLIN)
+            self.poller.register(monitor, zmq.POLLIN)
             self.sockets[endpoint] = sock
+            self.monitors[endpoint] = monitor
         return sock
 
     def close(self) -> None:
-        for sock in self.sockets.values():
+        for endpoint, sock in self.sockets.items():
+            sock.disable_monitor()
+            self.monitors[endpoint].close(0)
             sock.close(0)

@@ -49,8 +49,8 @@ class AbortBody(BaseModel):
 
 
 class DecodeLoop:
-    """One iteration: wait, run queued calls, read replies and notifications, step,
-    publish KV events."""
+    """One iteration: wait, run queued calls, read replies, notifications and dropped
+    connections, step, publish KV events."""
 
     def __init__(
         self, core: NodeCore, loop: NodeLoop, options: DecodeOptions, host: str, pub_port: int
@@ -74,6 +74,8 @@ class DecodeLoop:
             worker.on_reply(endpoint, msg)
         for sender, data in self.core.agent.notifications():
             worker.on_notification(sender, data)
+        for endpoint in self.client.lost():
+            worker.on_disconnect(endpoint)
         worker.step()
         self.core.metrics.observe(self.core.scheduler)
         events = self.core.kv.pool.events

@@ -6,8 +6,11 @@ uncached part reaches the threshold it is sent to that worker, and joins the dec
 when the `PrefillDone` notification arrives (after the data). Failure policy: a deadline
 or a failure report moves the request to the next prefill worker once, then prefills it
 here (`recompute`) or fails it (`fail`), counted in `tandem_prefill_fallbacks_total` and
-logged with the request id. Destination blocks of an abandoned attempt stay held until the
-prefill worker confirms that nothing more will land in them (or `hold_timeout_s`).
+logged with the request id; so does a dropped connection to the worker, at once. Destination
+blocks of an abandoned attempt stay held until the prefill worker confirms that nothing more
+will land in them (or `hold_timeout_s`); the abort is sent again every `ABORT_RESEND_S`
+until then, so a worker that died and restarted (its successor never heard of the attempt,
+and confirms at once) gives the blocks back as soon as it is up.
 """
 
 from __future__ import annotations
@@ -39,9 +42,12 @@ from tandem.engine.node_core import NodeCore
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampler import skip_draw
 from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import remote_hold_key
+from tandem.engine.scheduler import RemoteHold, remote_hold_key
 
 logger = logging.getLogger(__name__)
+
+# Seconds between two sends of an abort that no prefill worker has confirmed yet.
+ABORT_RESEND_S = 1.0
 
 Sink = Callable[[dict[str, Any]], None]
 
@@ -104,6 +110,8 @@ class DecodeWorker:
         self.options = options
         self.streams: dict[str, Stream] = {}
         self.hold_deadlines: dict[str, float] = {}
+        self.unconfirmed: dict[str, RemoteHold] = {}  # same keys: the aborts to resend
+        self._next_resend = 0.0
         self._agent_info = core.agent.info()
 
     # -- requests in ----------------------------------------------------------------------
@@ -216,6 +224,14 @@ class DecodeWorker:
             self._fall_back(stream, "error", f"{endpoint} failed it: {msg.reason}")
         self._release_hold(key)  # a failure report means no write is in flight
 
+    def on_disconnect(self, endpoint: str) -> None:
+        """The connection to a prefill worker dropped: every attempt waiting on it fails
+        over now (its blocks stay held until that worker, or its successor, confirms)."""
+        for request in list(self.core.scheduler.remote.values()):
+            if request.prefill_worker == endpoint:
+                stream = self.streams[request.request_id]
+                self._fall_back(stream, "disconnected", f"lost the connection to {endpoint}")
+
     # -- remote prefill -------------------------------------------------------------------
 
     def _send_prefill(self, request: Request) -> None:
@@ -295,20 +311,30 @@ class DecodeWorker:
                 self._release_hold(key)
 
     def _send_aborts(self) -> None:
-        """Tell prefill workers about abandoned attempts; their blocks stay held until the
-        answer (or the hold timeout)."""
+        """Tell prefill workers about abandoned attempts, and again every ABORT_RESEND_S
+        while unconfirmed (the first may have died with its worker); their blocks stay held
+        until the answer (or the hold timeout)."""
         scheduler = self.core.scheduler
         now = time.monotonic()
+        if now >= self._next_resend:
+            self._next_resend = now + ABORT_RESEND_S
+            for hold in list(self.unconfirmed.values()):
+                self._send_abort(hold)
         for hold in scheduler.abandoned_remote:
             if not self.core.kv.is_held(hold.key):
                 continue  # already released: the worker reported that nothing is in flight
             self.hold_deadlines[hold.key] = now + self.options.hold_timeout_s
-            if not self.client.send(hold.worker, AbortPrefill(hold.request_id, hold.attempt)):
-                logger.warning("hold %s: cannot reach %s to abort", hold.key, hold.worker)
+            self.unconfirmed[hold.key] = hold
+            if not self._send_abort(hold):
+                logger.warning("hold %s: cannot reach %s to abort yet", hold.key, hold.worker)
         scheduler.abandoned_remote.clear()
+
+    def _send_abort(self, hold: RemoteHold) -> bool:
+        return self.client.send(hold.worker, AbortPrefill(hold.request_id, hold.attempt))
 
     def _release_hold(self, key: str) -> None:
         self.hold_deadlines.pop(key, None)
+        self.unconfirmed.pop(key, None)
         self.core.kv.release(key)
 
     # -- output ---------------------------------------------------------------------------

@@ -45,6 +45,7 @@ class RouterOptions:
     max_inflight: int = 256  # generation requests in progress before 429
     health_interval_s: float = 1.0
     max_attempts: int = 3  # decode workers tried per choice
+    health_timeout_s: float = 5.0
 
 
 class Router:
@@ -72,8 +73,14 @@ class Router:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-        timeout = httpx.Timeout(connect=2.0, read=None, write=10.0, pool=None)
+        # Idle connections are dropped well before a node's server closes them (uvicorn: 5 s),
+        # so a request never goes out on a connection the server is closing.
+        limits = httpx.Limits(
+            max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0
+        )
+        # A connect timeout counts as the worker failing: it must exceed the time this
+        # process's own event loop can lag on a busy machine (local dead ports are refused).
+        timeout = httpx.Timeout(connect=5.0, read=None, write=10.0, pool=None)
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
             self.dispatcher = Dispatcher(
                 self.pool, self.index, self.policy, http, self.metrics,
@@ -81,8 +88,9 @@ class Router:
             )  # fmt: skip
             self.runner = GenerationRunner(self.dispatcher, self.metrics, self.options.max_inflight)
             self.monitor = WorkerMonitor(
-                self.pool, self.index, self.discovery, http, self.options.health_interval_s
-            )
+                self.pool, self.index, self.discovery, http, self.options.health_interval_s,
+                self.metrics, self.options.health_timeout_s,
+            )  # fmt: skip
             task = asyncio.create_task(self.monitor.run())
             try:
                 yield

@@ -30,6 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-inflight", type=int, default=256, help="requests before 429")
     parser.add_argument("--max-attempts", type=int, default=3, help="decode workers per choice")
     parser.add_argument("--health-interval", type=float, default=1.0, help="seconds")
+    parser.add_argument(
+        "--health-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a health check may take before it counts as failed (a busy node on a "
+        "busy machine answers late, and is not dead)",
+    )
     parser.add_argument("--log-level", default="info")
 
 

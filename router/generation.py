@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -90,6 +91,9 @@ class GenerationRunner:
                 raise first[1]
             streaming = True
             return _Stream(self._sse(gen, first, events), events, self._exit)
+        except APIError as exc:
+            self._count_failure(exc, "status")
+            raise
         finally:
             if not streaming:
                 self._exit()
@@ -101,6 +105,12 @@ class GenerationRunner:
     def _exit(self) -> None:
         self.inflight -= 1
         self.metrics.child(self.metrics.in_flight).dec()
+
+    def _count_failure(self, exc: APIError, via: str) -> None:
+        """Count a failure that is the servers' doing (5xx), by its error class."""
+        if exc.status >= 500:
+            reason = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
+            self.metrics.child(self.metrics.failures, reason=reason, via=via).inc()
 
     async def _complete(self, gen: Generation, http: HttpRequest) -> Response:
         """Gather every choice (each retried whole on failure); abort on disconnect."""
@@ -172,6 +182,7 @@ class GenerationRunner:
             while True:
                 index, item = pending.pop() if pending else await anext(events)
                 if isinstance(item, APIError):
+                    self._count_failure(item, "event")
                     yield _data({"error": json.loads(item.response().body)["error"]})
                     break
                 state = gen.states[index]

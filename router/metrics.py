@@ -1,6 +1,7 @@
 """The router's Prometheus metrics: requests by endpoint and status, what users see (time
 to first token, end-to-end latency, tokens), routing time, per-worker selections, retries,
-worker health. Labels `model`, `role="router"`, `pod`; never a request id."""
+failed requests (answered with a 5xx or ended by an SSE error event), worker health and
+restarts. Labels `model`, `role="router"`, `pod`; never a request id."""
 
 from __future__ import annotations
 
@@ -57,6 +58,17 @@ class RouterMetrics:
         self.retries = Counter(
             "tandem_router_retries_total", "Choices retried on another decode worker.",
             (*LABELS, "reason"), registry=r,
+        )  # fmt: skip
+        self.failures = Counter(
+            "tandem_router_request_failures_total",
+            "Generation requests failed by the servers: `via` a 5xx status, or an SSE error "
+            "event after the stream began.",
+            (*LABELS, "reason", "via"), registry=r,
+        )  # fmt: skip
+        self.worker_restarts = Counter(
+            "tandem_router_worker_restarts_total",
+            "Workers seen back with a new agent name (a restarted process).",
+            (*LABELS, "worker", "worker_role"), registry=r,
         )  # fmt: skip
         self.worker_healthy = Gauge(
             "tandem_router_worker_healthy", "1 when the worker passes health checks.",

@@ -2,7 +2,8 @@
 worker (which also carries its load). Runs as tasks on the router's event loop.
 
 Each round asks discovery for the addresses, checks every worker's `/health` (a worker is
-ejected after `EJECT_AFTER` failures in a row and back at the first success), and
+ejected after `EJECT_AFTER` failures in a row and back at the first success; a check fails
+when refused, answered with an error, or unanswered after `timeout_s`), and
 (re)subscribes to a worker's events when its endpoint or agent changed (a restart).
 """
 
@@ -20,6 +21,7 @@ import zmq.asyncio
 
 from tandem.engine.kv_events import decode_batch
 from tandem.router.kv_index import PrefixIndex
+from tandem.router.metrics import RouterMetrics
 from tandem.router.workers import WorkerAddress, WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -55,12 +57,18 @@ class WorkerMonitor:
         discovery: Discovery,
         http: httpx.AsyncClient,
         interval_s: float = 1.0,
+        metrics: RouterMetrics | None = None,
+        timeout_s: float = 5.0,
     ) -> None:
+        """`metrics`, when given, counts the restarts seen (`worker_restarts`);
+        `timeout_s` bounds each health check, whatever the interval."""
         self.pool = pool
         self.index = index
         self.discovery = discovery
         self.http = http
         self.interval_s = interval_s
+        self.metrics = metrics
+        self.timeout_s = timeout_s
         self.context = zmq.asyncio.Context()
         self.subscriptions: dict[str, Subscription] = {}
         self.first_round = asyncio.Event()
@@ -84,7 +92,7 @@ class WorkerMonitor:
 
     async def _check(self, url: str) -> None:
         try:
-            r = await self.http.get(f"{url}/health", timeout=max(self.interval_s, 1.0))
+            r = await self.http.get(f"{url}/health", timeout=self.timeout_s)
             info = r.json() if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             info = None
@@ -94,7 +102,11 @@ class WorkerMonitor:
             self.pool.health_failed(url)
             return
         if self.pool.health_ok(url, info):
-            logger.info("worker %s restarted (agent %s)", url, info.get("agent"))
+            logger.warning("worker %s restarted (agent %s)", url, info.get("agent"))
+            if self.metrics is not None:
+                role = self.pool.workers[url].address.role
+                m = self.metrics
+                m.child(m.worker_restarts, worker=url, worker_role=role).inc()
         self._subscribe(url)
 
     def _subscribe(self, url: str) -> None:

@@ -3,8 +3,9 @@
 The embedded default and the first thing a newcomer runs. Without `--model` it writes the
 small random checkpoint once (into the user cache) and serves that. Every request is
 disaggregated (remote-prefill threshold 0) so the real path runs: router -> decode node ->
-prefill node over ZMQ -> KV blocks over NIXL -> decode. Ctrl-C (or SIGTERM) stops every
-child; so does any child dying.
+prefill node over ZMQ -> KV blocks over NIXL -> decode. A child that dies is restarted
+on the same ports under a bounded policy (`tandem.router.supervisor`); Ctrl-C (or SIGTERM)
+stops every child, and so does a child that crashes too often.
 """
 
 from __future__ import annotations
@@ -13,15 +14,11 @@ import argparse
 import os
 import signal
 import socket
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from tandem.router.cli import POLICY_NAMES
+from tandem.router.supervisor import Child, RestartPolicy, Supervisor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,15 +36,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
     parser.add_argument("--log-level", default="warning", help="children's log level")
     parser.add_argument("--ready-timeout", type=float, default=300.0, help="seconds")
-
-
-@dataclass
-class Child:
-    name: str
-    cmd: list[str]
-    url: str
-    extra: str = ""
-    proc: subprocess.Popen | None = field(default=None, repr=False)
+    parser.add_argument(
+        "--prefill-timeout", type=float, default=None, help="decode nodes' flag of that name"
+    )
+    parser.add_argument(
+        "--hold-timeout", type=float, default=None, help="decode nodes' flag of that name"
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=RestartPolicy.max_restarts,
+        help="restarts of one child allowed within --restart-window before everything stops "
+        "(0: any child dying stops everything)",
+    )
+    parser.add_argument(
+        "--restart-window", type=float, default=RestartPolicy.window_s, help="seconds"
+    )
 
 
 def default_model_dir() -> Path:
@@ -74,6 +78,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def decode_flags(args: argparse.Namespace) -> list[str]:
+    """The decode nodes' own flags: the threshold, and the timeouts when given."""
+    flags = ["--remote-prefill-threshold", str(args.remote_prefill_threshold)]
+    for name in ("prefill_timeout", "hold_timeout"):
+        if getattr(args, name) is not None:
+            flags += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return flags
+
+
 def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     """The command line of every child: prefill nodes, decode nodes, then the router."""
     python = [sys.executable, "-P", "-m"]
@@ -88,7 +101,7 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
             cmd = [*python, f"tandem.{role}_node", *common]
             cmd += ["--http-port", str(http), "--zmq-port", str(zmq_port)]
             if role == "decode":
-                cmd += ["--remote-prefill-threshold", str(args.remote_prefill_threshold)]
+                cmd += decode_flags(args)
             label = "ZMQ requests" if role == "prefill" else "KV events"
             url = f"http://127.0.0.1:{http}"
             children.append(Child(f"{role}-{i}", cmd, url, f"{label} tcp://127.0.0.1:{zmq_port}"))
@@ -102,48 +115,6 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     return children
 
 
-class Supervisor:
-    """Starts the children, waits until the router is ready, and stops them all together."""
-
-    def __init__(self, children: list[Child]) -> None:
-        self.children = children
-
-    def start(self) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        for child in self.children:
-            child.proc = subprocess.Popen(child.cmd, env=env)
-
-    def dead(self) -> Child | None:
-        return next((c for c in self.children if c.proc.poll() is not None), None)
-
-    def wait_ready(self, router: Child, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if (child := self.dead()) is not None:
-                raise RuntimeError(f"{child.name} exited with {child.proc.returncode}")
-            try:
-                if httpx.get(f"{router.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError(f"not ready after {timeout:.0f}s")
-
-    def stop(self) -> None:
-        for child in self.children:
-            if child.proc and child.proc.poll() is None:
-                child.proc.terminate()
-        deadline = time.monotonic() + 10
-        for child in self.children:
-            if child.proc is None:
-                continue
-            try:
-                child.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.proc.kill()
-                child.proc.wait()
-
-
 def banner(children: list[Child], model_name: str) -> str:
     router = children[-1]
     lines = [f"Tandem is serving {model_name} at {router.url}/v1", ""]
@@ -154,7 +125,7 @@ def banner(children: list[Child], model_name: str) -> str:
         f"  curl {router.url}/v1/completions -H 'Content-Type: application/json' \\",
         f'    -d \'{{"model": "{model_name}", "prompt": "Hello", "max_tokens": 16}}\'',
         "",
-        "Workers and their load: " + f"{router.url}/workers    Ctrl-C stops everything.",
+        f"Workers and their load: {router.url}/workers    Ctrl-C stops everything.",
     ]
     return "\n".join(lines)
 
@@ -163,25 +134,34 @@ def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def restart_policy(args: argparse.Namespace) -> RestartPolicy:
+    """The policy the flags ask for; SystemExit naming the problem when it is invalid."""
+    try:
+        return RestartPolicy(max_restarts=args.max_restarts, window_s=args.restart_window)
+    except ValueError as exc:
+        raise SystemExit(f"tandem serve: {exc}") from exc
+
+
 def run(args: argparse.Namespace) -> None:
+    """Serve until Ctrl-C or SIGTERM (exit 0), or until start-up fails or a child crashes
+    more often than the restart policy allows (exit 1); every child is stopped either way."""
     if args.decode < 1 or args.prefill < 0:
         raise SystemExit("--decode must be at least 1 and --prefill at least 0")
+    policy = restart_policy(args)
     model = ensure_model(args.model)
     children = plan(args, model)
-    supervisor = Supervisor(children)
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    supervisor = Supervisor(children, policy, env)
     signal.signal(signal.SIGTERM, _interrupt)
     code = 0
     try:
         supervisor.start()
         supervisor.wait_ready(children[-1], args.ready_timeout)
         print(banner(children, os.path.basename(os.path.normpath(model))), flush=True)
-        while (child := supervisor.dead()) is None:
-            time.sleep(0.5)
-        print(f"{child.name} exited with {child.proc.returncode}; stopping", file=sys.stderr)
-        code = 1
+        supervisor.watch()
     except KeyboardInterrupt:
         print("stopping", file=sys.stderr)
-    except (RuntimeError, TimeoutError) as exc:
+    except (RuntimeError, TimeoutError) as exc:  # GaveUp is a RuntimeError
         print(f"tandem serve: {exc}; stopping", file=sys.stderr)
         code = 1
     finally:

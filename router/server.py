@@ -31,7 +31,11 @@ def build_router(args: argparse.Namespace) -> Router:
     pre = Preprocessor(load_tokenizer(args.model), limits)
     pod = os.environ.get("POD_NAME") or f"{socket.gethostname()}:{args.port}"
     options = RouterOptions(
-        tuple(args.api_key), args.max_inflight, args.health_interval, args.max_attempts
+        tuple(args.api_key),
+        args.max_inflight,
+        args.health_interval,
+        args.max_attempts,
+        args.health_timeout,
     )
     metrics = RouterMetrics(CollectorRegistry(), name, pod)
     return Router(pre, POLICIES[args.policy], _discovery(args), metrics, options)

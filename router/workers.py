@@ -151,25 +151,36 @@ class WorkerPool:
     def snapshot(
         self, overlaps: dict[str, int], exclude: frozenset[str] = frozenset()
     ) -> tuple[tuple[WorkerView, ...], tuple[WorkerView, ...]]:
-        """Healthy workers as (prefill, decode) views, sorted by URL, without `exclude`."""
+        """Healthy workers as (prefill, decode) views, sorted by URL, without `exclude`.
+
+        When no decode worker is healthy, the decode views are the ejected ones that were
+        healthy before (panic routing): one slow health check or one broken connection
+        ejects a busy worker that still serves, and trying it beats refusing the request.
+        A worker that never answered is never tried."""
         views: dict[str, list[WorkerView]] = {"prefill": [], "decode": []}
+        ejected: list[WorkerView] = []
         for url in sorted(self.workers):
             w = self.workers[url]
-            if not w.healthy or url in exclude:
+            if url in exclude:
                 continue
-            load = w.load or Load(0, 0, 0, 0)
-            views[w.address.role].append(
-                WorkerView(
-                    url,
-                    w.address.role,
-                    w.revision,
-                    w.endpoint,
-                    load.running,
-                    load.waiting,
-                    load.free_blocks,
-                    load.total_blocks,
-                    w.inflight,
-                    overlaps.get(url, 0),
-                )
-            )
-        return tuple(views["prefill"]), tuple(views["decode"])
+            if w.healthy:
+                views[w.address.role].append(_view(w, overlaps))
+            elif w.address.role == "decode" and w.agent is not None:
+                ejected.append(_view(w, overlaps))
+        return tuple(views["prefill"]), tuple(views["decode"] or ejected)
+
+
+def _view(w: WorkerState, overlaps: dict[str, int]) -> WorkerView:
+    load = w.load or Load(0, 0, 0, 0)
+    return WorkerView(
+        w.url,
+        w.address.role,
+        w.revision,
+        w.endpoint,
+        load.running,
+        load.waiting,
+        load.free_blocks,
+        load.total_blocks,
+        w.inflight,
+        overlaps.get(w.url, 0),
+    )

@@ -1,14 +1,21 @@
-"""`tandem serve` as a supervisor: the default model it writes, a pool without prefill
-workers (decode prefills locally), and everything stopping when one child dies."""
+"""`tandem serve` as a supervisor: the default model it writes, a crashed child restarted on
+its ports (a new agent the router takes back), and a child that crashes more often than
+allowed stopping everything. (SIGTERM stopping every child, a restarted one included, is
+checked by the soak's smoke test, `test_soak.py`.)"""
 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import openai
 
 from tandem.router.serve import ensure_model
+from tests.bounds import HANG_S, PROCESS_S
+from tests.disagg.nodes import wait_until
 from tests.router.conftest import ServeProc
+
+FLAGS = ("--prefill", "0", "--decode", "1", "--max-model-len", "256", "--num-kv-blocks", "64")
 
 
 def test_without_a_model_it_writes_the_small_one_once(tmp_path, monkeypatch):
@@ -20,23 +27,57 @@ def test_without_a_model_it_writes_the_small_one_once(tmp_path, monkeypatch):
     assert ensure_model(None) == path and (path / "config.json").stat().st_mtime_ns == stamp
 
 
-def test_a_dying_child_stops_everything(llama_dir, router_logs):
-    serve = ServeProc(llama_dir, router_logs, "--prefill", "0", "--decode", "1",
-                      "--max-model-len", "256", "--num-kv-blocks", "64")  # fmt: skip
+def children(serve: ServeProc) -> dict[str, int]:
+    """The serve's live children by module (`tandem.decode_node`, `tandem.router`)."""
+    pids = subprocess.run(
+        ["pgrep", "-P", str(serve.proc.pid)], capture_output=True, text=True, check=False
+    ).stdout.split()
+    found = {}
+    for pid in pids:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        found[argv[argv.index(b"-m") + 1].decode()] = int(pid)
+    return found
+
+
+def alive(pids) -> bool:
+    out = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(map(str, pids))], capture_output=True)
+    return out.stdout.strip() != b""
+
+
+def complete(serve: ServeProc) -> int:
+    client = openai.OpenAI(base_url=f"{serve.url}/v1", api_key="x", max_retries=0)
+    r = client.completions.create(
+        model="llama", prompt="Hi", max_tokens=3, extra_body={"ignore_eos": True}
+    )
+    return r.usage.completion_tokens
+
+
+def test_a_crashed_child_is_restarted_until_it_crashes_too_often(llama_dir, router_logs):
+    serve = ServeProc(llama_dir, router_logs, *FLAGS, "--max-restarts", "1",
+                      "--restart-window", "3600")  # fmt: skip
     try:
-        serve.start().wait_ready(timeout=120)
-        client = openai.OpenAI(base_url=f"{serve.url}/v1", api_key="x", max_retries=0)
-        r = client.completions.create(
-            model="llama", prompt="Hi", max_tokens=3, extra_body={"ignore_eos": True}
-        )
-        assert r.usage.completion_tokens == 3  # no prefill worker: the decode node prefilled
-        children = subprocess.run(
-            ["pgrep", "-P", str(serve.proc.pid)], capture_output=True, text=True
-        ).stdout.split()
-        assert len(children) == 2  # the decode node and the router
-        subprocess.run(["kill", "-9", children[0]], check=True)
-        assert serve.proc.wait(30) == 1
-        alive = subprocess.run(["ps", "-o", "pid=", "-p", ",".join(children)], capture_output=True)
-        assert alive.stdout.strip() == b""  # the other child was stopped too
+        serve.start().wait_ready()
+        assert complete(serve) == 3  # no prefill worker: the decode node prefilled
+        (decode,) = serve.workers("decode")
+        first = children(serve)
+        assert first.keys() == {"tandem.decode_node", "tandem.router"}
+        subprocess.run(["kill", "-9", str(first["tandem.decode_node"])], check=True)
+
+        def back() -> bool:
+            (now,) = serve.workers("decode")
+            return now["healthy"] and now["agent"] != decode["agent"]
+
+        # restarted on its ports as a new agent, which the router takes back
+        assert wait_until(back, timeout=PROCESS_S), "the decode node was not restarted"
+        assert complete(serve) == 3
+        second = children(serve)
+        assert second["tandem.router"] == first["tandem.router"]
+        assert second["tandem.decode_node"] != first["tandem.decode_node"]
+        # a second crash within the window is one more than allowed: everything stops
+        subprocess.run(["kill", "-9", str(second["tandem.decode_node"])], check=True)
+        assert serve.proc.wait(HANG_S) == 1
+        assert not alive(second.values())
+        log = (router_logs / f"serve-{serve.http_port}.log").read_text()
+        assert "decode-0 restarted" in log and "2 crashes within 3600 s" in log, log[-2000:]
     finally:
         serve.stop()

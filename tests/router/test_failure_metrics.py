@@ -1,0 +1,102 @@
+"""Every failure the servers cause is visible in a router metric: a 5xx answer, and an SSE
+error event after the stream began (its status is 200, so `tandem_router_requests_total`
+cannot show it). No processes: a scripted dispatcher stands in for the decode workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from tandem.router.dispatch import Job, StreamBroken
+from tandem.router.errors import Unavailable, UpstreamFailed
+from tandem.router.generation import Generation, GenerationRunner
+from tandem.router.metrics import RouterMetrics
+from tandem.router.responses import CompletionFormat
+from tests.disagg.nodes import metric_value
+
+FAILURES = "tandem_router_request_failures_total"
+
+
+def record(token: int, finish: str | None = None) -> dict:
+    rec = {"token_ids": [token], "text": "x", "logprobs": None, "finish_reason": finish}
+    if finish:
+        rec |= {"stop_reason": None, "usage": {"completion_tokens": 1}}
+    return rec
+
+
+class ScriptedDispatcher:
+    """Each job's records from a script; an exception in the script is raised there."""
+
+    def __init__(self, scripts: list[list]) -> None:
+        self.scripts = scripts
+
+    async def records(self, job: Job, buffered: bool = False):
+        for item in self.scripts[int(job.request_id.rsplit("-", 1)[1])]:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+
+
+class Connected:
+    async def is_disconnected(self) -> bool:
+        return False
+
+
+def run(scripts: list[list], stream: bool) -> tuple[RouterMetrics, object]:
+    """One generation of len(scripts) choices; (metrics, the response or the APIError)."""
+    metrics = RouterMetrics(CollectorRegistry(), "m", "router-0")
+    runner = GenerationRunner(ScriptedDispatcher(scripts), metrics, max_inflight=4)
+    jobs = [Job(f"r-{i}", None, {}) for i in range(len(scripts))]
+
+    def build() -> Generation:
+        return Generation("r", "m", CompletionFormat(None, False), jobs, [""] * len(jobs), 1, False)
+
+    async def go():
+        try:
+            response = await runner.respond(build, stream, Connected())
+        except (Unavailable, UpstreamFailed) as exc:
+            return exc
+        if stream:
+            return [chunk async for chunk in response.body_iterator]
+        return response
+
+    return metrics, asyncio.run(go())
+
+
+def failures(metrics: RouterMetrics, **labels: str) -> float:
+    return metric_value(generate_latest(metrics.registry).decode(), FAILURES, **labels)
+
+
+def test_an_error_event_mid_stream_is_counted():
+    broken = StreamBroken("decode worker failed mid-stream")
+    metrics, chunks = run([[record(1), broken]], stream=True)
+    events = [json.loads(c[6:]) for c in chunks if c != "data: [DONE]\n\n"]
+    assert "error" in events[-1] and chunks[-1] == "data: [DONE]\n\n"
+    assert failures(metrics, reason="stream_broken", via="event") == 1
+
+
+def test_a_second_choice_failing_after_the_first_streamed_is_counted():
+    gone = UpstreamFailed("request failed on 3 worker(s)")
+    metrics, chunks = run([[record(1), record(2, "length")], [gone]], stream=True)
+    assert any('"error"' in c for c in chunks)
+    assert failures(metrics, reason="upstream_failed", via="event") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [(Unavailable("no decode worker"), "unavailable"), (UpstreamFailed("x"), "upstream_failed")],
+)
+def test_an_error_status_is_counted(stream, error, reason):
+    metrics, answer = run([[error]], stream=stream)
+    assert answer is error
+    assert failures(metrics, reason=reason, via="status") == 1
+    assert failures(metrics) == 1
+
+
+def test_success_counts_no_failure():
+    metrics, answer = run([[record(1), record(2, "length")]], stream=False)
+    assert answer.status_code == 200 and failures(metrics) == 0
