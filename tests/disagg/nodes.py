@@ -15,11 +15,24 @@ from pathlib import Path
 
 import httpx
 
+from tests.bounds import HANG_S, PROCESS_S
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for a server started next. Merely closing a bound socket would leave the port
+    free for anyone: the kernel may hand it to another bind(0) or to an outgoing connection
+    (the tests make many) before the server binds it. So it is left in TIME_WAIT by a
+    connection of our own: for about a minute the kernel gives it to no one else, while
+    servers that bind with SO_REUSEADDR (uvicorn, ZMQ) still can."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)):
+            accepted, _ = listener.accept()
+            accepted.close()  # closed first, this side (our port) keeps the TIME_WAIT
+    return port
 
 
 class Proc:
@@ -41,19 +54,24 @@ class Proc:
     def command(self) -> list[str]:
         raise NotImplementedError
 
+    def environment(self) -> dict[str, str]:
+        """Variables added to this process's environment."""
+        return {}
+
     def start(self) -> Proc:
         log = open(self.log_dir / f"{self.name}-{self.http_port}.log", "ab")  # noqa: SIM115
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **self.environment()}
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         return self
 
-    def wait_ready(self, timeout: float = 90) -> dict:
+    def wait_ready(self, timeout: float = PROCESS_S) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
             try:
+                # a probe: one that times out is simply tried again
                 r = httpx.get(f"{self.url}{self.ready_path}", timeout=2)
                 if r.status_code == 200:
                     return r.json() if "json" in r.headers.get("content-type", "") else {}
@@ -63,7 +81,7 @@ class Proc:
         raise TimeoutError(f"{self.name} not ready in {timeout}s")
 
     def metrics(self) -> str:
-        return httpx.get(f"{self.url}/metrics", timeout=10).text
+        return httpx.get(f"{self.url}/metrics", timeout=HANG_S).text
 
     def pause(self) -> None:
         self.proc.send_signal(signal.SIGSTOP)
@@ -75,7 +93,7 @@ class Proc:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)
             self.proc.kill()
-            self.proc.wait(10)
+            self.proc.wait(HANG_S)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -110,7 +128,7 @@ class Node(Proc):
         ]  # fmt: skip
 
     def kv(self) -> dict:
-        return httpx.get(f"{self.url}/debug/kv", timeout=10).json()
+        return httpx.get(f"{self.url}/debug/kv", timeout=HANG_S).json()
 
 
 @contextlib.contextmanager
@@ -138,7 +156,7 @@ def generate(
     sampling: dict,
     prefill: Node | None = None,
     alternates: tuple[Node, ...] = (),
-    timeout: float = 60,
+    timeout: float = HANG_S,
 ) -> tuple[list[int], str, dict]:
     """Stream one request; returns (token ids, text, final record)."""
     body = {
@@ -160,6 +178,22 @@ def generate(
     return tokens, text, last
 
 
+def connect(decode: Node, prefill: Node) -> None:
+    """Send small requests through `prefill` until one is served there, not failed over: the
+    decode node's connection to it is then up. (The node waits only briefly for a new
+    connection, so on a busy machine a first request may go elsewhere.) A paused worker then
+    keeps a request waiting rather than being refused as unreachable."""
+    greedy = {"max_tokens": 2, "temperature": 0.0, "ignore_eos": True}
+
+    def served_there() -> bool:
+        before = metric_value(decode.metrics(), "tandem_prefill_fallbacks_total")
+        request_id = f"warm-{prefill.http_port}-{time.monotonic()}"
+        generate(decode, request_id, [5, 6], greedy, prefill)
+        return metric_value(decode.metrics(), "tandem_prefill_fallbacks_total") == before
+
+    assert wait_until(served_there), f"{prefill.url} never served a request"
+
+
 def metric_value(text: str, name: str, **labels: str) -> float:
     """Sum of the samples of `name` whose labels include `labels` (0 when absent)."""
     total = 0.0
@@ -172,7 +206,8 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     return total
 
 
-def wait_until(predicate, timeout: float = 20, interval: float = 0.1) -> bool:
+def wait_until(predicate, timeout: float = HANG_S, interval: float = 0.1) -> bool:
+    """Poll until `predicate()` holds; `timeout` is a bound only a hang reaches."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

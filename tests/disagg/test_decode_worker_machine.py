@@ -43,6 +43,8 @@ from tests.engine.test_scheduler_machine import shared_prefix_prompt, tokens_alo
 BLOCK_SIZE, NUM_BLOCKS = 4, 9
 MAX_TAIL, MAX_OUTPUT = 10, 6
 WORKERS = ("tcp://p1", "tcp://p2")
+# Deadlines pass when a rule says so, never because the machine was slow to run the steps.
+NEVER_S = 10.0**9
 
 
 class Runner:
@@ -91,7 +93,8 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
             metrics=NodeMetrics(CollectorRegistry(), "m", "decode", "d"),
         )
         self.client = Client()
-        self.worker = DecodeWorker(core, self.client, Tokenizer(), DecodeOptions())
+        options = DecodeOptions(prefill_timeout_s=NEVER_S, hold_timeout_s=NEVER_S)
+        self.worker = DecodeWorker(core, self.client, Tokenizer(), options)
         self.expected: dict[str, list[int]] = {}
         self.records: dict[str, list[dict]] = {}
         # Attempts sent and not yet answered (hold key -> the PrefillRequest): their worker

@@ -10,8 +10,10 @@ import httpx
 
 from tandem.engine import SamplingParams
 from tandem.engine.block_hash import hash_blocks
+from tests.bounds import HANG_S
 from tests.design import DESIGN_METRICS
-from tests.disagg.nodes import assert_clean, generate, metric_value
+from tests.disagg.nodes import assert_clean, connect, generate, metric_value
+from tests.greedy import assert_greedy_agrees, logprob_gap
 
 NUM_REQUESTS = 40
 SHARED = [random.Random(1).randrange(5, 500) for _ in range(48)]
@@ -45,6 +47,27 @@ def offline(llm, items) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
+def assert_matches_offline(llm, items, got: list[list[int]]) -> None:
+    """Each request's tokens (`got`, in the order of `items`) are those the offline engine
+    gives it. The two batch the requests differently, so their logits differ by float32
+    rounding (~2e-5 measured): greedy tokens may part at a near-tie (`tests.greedy`; these
+    workloads have steps within 1e-3). Seeded draws must be equal: one flips only where the
+    two best of its random race are that close, about one draw in 1e5 (hundreds here); the
+    race is not exposed to guard it the same way."""
+    outs = llm.generate(
+        prompt_token_ids=[p for p, _ in items],
+        sampling_params=[SamplingParams(**s, logprobs=2) for _, s in items],
+        use_tqdm=False,
+    )
+    assert len(got) == len(items)
+    for i, (tokens, (prompt, sampling), out) in enumerate(zip(got, items, outs)):
+        want, what = out.outputs[0], f"request {i}: {len(prompt)} prompt tokens, {sampling}"
+        if sampling["temperature"] == 0:
+            assert_greedy_agrees(tokens, want.token_ids, logprob_gap(want), what)
+        else:
+            assert tokens == want.token_ids, what
+
+
 def run_concurrently(decode, items, prefill, prefix: str) -> list[tuple]:
     with ThreadPoolExecutor(len(items)) as pool:
         futures = [
@@ -56,25 +79,34 @@ def run_concurrently(decode, items, prefill, prefix: str) -> list[tuple]:
 
 def test_concurrent_disaggregated_generation_matches_offline(cluster, llm):
     d, p1 = cluster["d"], cluster["p1"]
+    connect(d, p1)
+
+    def counts() -> tuple[float, ...]:
+        dm, pm = d.metrics(), p1.metrics()
+        return (
+            metric_value(dm, "tandem_disagg_decisions_total", decision="remote"),
+            metric_value(dm, "tandem_prefill_fallbacks_total"),
+            metric_value(pm, "tandem_kv_transfer_blocks_total"),
+            metric_value(dm, "tandem_kv_transfer_blocks_total"),
+        )
+
+    before = counts()
     items = workload(0, NUM_REQUESTS)
     results = run_concurrently(d, items, p1, "par-")
-    expected = offline(llm, items)
-    for (tokens, _, last), want, (prompt, sampling) in zip(results, expected, items):
+    for (_, _, last), (prompt, sampling) in zip(results, items):
         assert last["finish_reason"] == "length", last
-        assert tokens == want, (len(prompt), sampling)
         assert last["usage"]["prompt_tokens"] == len(prompt)
-        assert last["usage"]["completion_tokens"] == len(want)
+        assert last["usage"]["completion_tokens"] == sampling["max_tokens"]
+    assert_matches_offline(llm, items, [tokens for tokens, _, _ in results])
     assert_clean(d, p1)
-    dm, pm = d.metrics(), p1.metrics()
-    assert metric_value(dm, "tandem_disagg_decisions_total", decision="remote") >= NUM_REQUESTS
-    assert metric_value(dm, "tandem_prefill_fallbacks_total") == 0
-    sent = metric_value(pm, "tandem_kv_transfer_blocks_total")
-    received = metric_value(dm, "tandem_kv_transfer_blocks_total")
+    remote, fallbacks, sent, received = (a - b for a, b in zip(counts(), before))
+    assert remote == NUM_REQUESTS and fallbacks == 0
     assert sent == received > 0
 
 
 def test_received_blocks_equal_the_prefill_blocks_bit_for_bit(cluster):
     d, p1 = cluster["d"], cluster["p1"]
+    connect(d, p1)  # so that p1 computes the blocks
     prompt = [random.Random(7).randrange(5, 500) for _ in range(70)]  # 4 full blocks
     _, _, last = generate(d, "bits", prompt, {"max_tokens": 2, "temperature": 0}, p1)
     assert last["finish_reason"] == "length"
@@ -82,7 +114,7 @@ def test_received_blocks_equal_the_prefill_blocks_bit_for_bit(cluster):
     assert len(hashes) == 4
 
     def blocks(node):
-        r = httpx.post(f"{node.url}/debug/blocks", json={"hashes": hashes}, timeout=10)
+        r = httpx.post(f"{node.url}/debug/blocks", json={"hashes": hashes}, timeout=HANG_S)
         return {int(h): base64.b64decode(b) for h, b in r.json().items()}
 
     on_decode, on_prefill = blocks(d), blocks(p1)
@@ -95,6 +127,7 @@ def test_received_blocks_equal_the_prefill_blocks_bit_for_bit(cluster):
 
 def test_design_metrics_are_exported(cluster):
     d, p1 = cluster["d"], cluster["p1"]
+    connect(d, p1)  # so that p1 transfers the prompt's KV
     generate(d, "metrics", [5, 6, 7, 8], {"max_tokens": 3, "temperature": 0}, p1)
     text = d.metrics()
     for name in DESIGN_METRICS:
@@ -119,7 +152,7 @@ def test_bad_requests_get_openai_errors_and_change_nothing(cluster):
         {"request_id": "x", "token_ids": list(range(5, 505)) * 2, "sampling": {}},
     ]
     for body in cases:
-        r = httpx.post(f"{d.url}/generate", json=body, timeout=10)
+        r = httpx.post(f"{d.url}/generate", json=body, timeout=HANG_S)
         assert r.status_code == 400, (body, r.text)
         error = r.json()["error"]
         assert error["type"] == "invalid_request_error" and error["message"]
@@ -131,5 +164,5 @@ def test_a_short_uncached_part_can_stay_local(cluster, llm):
     d = cluster["d"]
     items = workload(3, 4)
     results = [generate(d, f"local-{i}", p, s) for i, (p, s) in enumerate(items)]
-    assert [r[0] for r in results] == offline(llm, items)
+    assert_matches_offline(llm, items, [r[0] for r in results])
     assert_clean(d)

@@ -8,7 +8,7 @@ from tandem.engine.host_memory import free_huge_pages, huge_page_bytes
 from tandem.engine.llm_engine import EngineArgs
 from tandem.engine.model_runner import kv_block_bytes
 from tests.disagg.nodes import Node, assert_clean, running, wait_until
-from tests.disagg.test_disagg import offline, run_concurrently, workload
+from tests.disagg.test_disagg import assert_matches_offline, run_concurrently, workload
 
 FLAGS = ("--max-num-batched-tokens", "256", "--max-model-len", "512", "--kv-hugepages")
 
@@ -26,7 +26,7 @@ def test_nodes_on_huge_pages_match_offline_and_give_the_pages_back(
         assert free_huge_pages() <= free - 2  # one pool each, at least a page apiece
         items = workload(3, 12)
         results = run_concurrently(nodes["d"], items, nodes["p"], "huge-")
-        assert [tokens for tokens, _, _ in results] == offline(llm, items)
+        assert_matches_offline(llm, items, [tokens for tokens, _, _ in results])
         assert_clean(nodes["d"], nodes["p"])
     assert wait_until(lambda: free_huge_pages() == free)
 

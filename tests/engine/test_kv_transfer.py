@@ -29,6 +29,7 @@ from tandem.engine.kv_transfer import (
     to_wire,
 )
 from tandem.engine.request import TokenLogprobs
+from tests.bounds import HANG_S
 
 SHAPE = (12, 2, 2, 4, 2, 8)  # [blocks, layers, K/V, block_size, kv_heads, head_dim]
 
@@ -79,7 +80,7 @@ def _target(conn, hugepages: bool) -> None:
     cache = _zeros(hugepages)
     agent = KVTransferAgent(new_agent_name("decode"), cache)
     conn.send(agent.info())
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + HANG_S  # the other side may take long to get going
     notes: list[bytes] = []
     while not notes and time.monotonic() < deadline:
         notes = [m for _, m in agent.notifications()]
@@ -110,7 +111,7 @@ def test_nixl_write_between_processes_is_bit_exact(hugepages, free_hugepages):
         agent.notify(info.name, b"done")
         notes, raw = here.recv()
     finally:
-        proc.join(30)
+        proc.join(HANG_S)
     assert notes == [b"done"]
     received = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(SHAPE)
     expected = torch.zeros(SHAPE)

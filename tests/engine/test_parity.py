@@ -1,7 +1,8 @@
 """Tandem against transformers on the same random checkpoints, in float32.
 
 All prompts go in together with a token budget small enough to chunk every long prompt
-and a KV pool small enough to force preemption; the greedy tokens must still be identical.
+and a KV pool small enough to force preemption; the greedy tokens must still be identical
+(up to a near-tie, where float32 rounding may order the two best tokens either way).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tandem.engine.attention import AttentionBatch
 from tandem.engine.request import Request
 from tandem.engine.scheduler import SchedulerOutput
 from tandem.engine.tiny_model import ARCHS, make_model
+from tests.greedy import assert_greedy_agrees, logit_rounding
 
 PROMPT_LENS = [1, 2, 17, 33, 64, 100, 180, 300]
 NUM_TOKENS = 32
@@ -30,6 +32,11 @@ def hf_model(model_dir, device: str = "cpu"):
 def prompts(vocab: int, lens: list[int] = PROMPT_LENS) -> list[list[int]]:
     rng = random.Random(len(lens))
     return [[rng.randrange(5, vocab) for _ in range(n)] for n in lens]
+
+
+def score_gap(scores: list[torch.Tensor]):
+    """`gap_below_best` from transformers' per-step scores ([1, V] each)."""
+    return lambda step, token: (scores[step][0].max() - scores[step][0, token]).item()
 
 
 def assert_greedy_parity(
@@ -60,8 +67,15 @@ def assert_greedy_parity(
             do_sample=False,
             max_new_tokens=num_tokens,
             min_new_tokens=num_tokens,
-        )[0, len(prompt) :].tolist()
-        assert output.outputs[0].token_ids == expected, f"prompt of {len(prompt)} tokens"
+            output_scores=True,  # after the min-length mask: what the choice was among
+            return_dict_in_generate=True,
+        )
+        assert_greedy_agrees(
+            output.outputs[0].token_ids,
+            expected.sequences[0, len(prompt) :].tolist(),
+            score_gap(expected.scores),
+            f"prompt of {len(prompt)} tokens",
+        )
     return llm
 
 
@@ -137,5 +151,8 @@ def test_one_forward_pass_logits_close(model_dirs, arch, device, kernels):
         ours = runner.model.compute_logits(hidden)  # [T, V]
         theirs = hf_model(model_dirs[arch], device)(torch.tensor([prompt], device=device))
         theirs = theirs.logits[0]
-    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+    # Other kernels, summing in another order (which ones depends on the CPU): the logits
+    # agree within float32 rounding of the whole model, a bound on every logit alike.
+    atol = logit_rounding(len(prompt), scale=theirs.abs().max().item())
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=atol)
     engine.kv.free(request)

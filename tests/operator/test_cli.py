@@ -12,14 +12,15 @@ import yaml
 
 from tandem.engine.cli import apply_config
 from tandem.operator.render import render
+from tests.bounds import PROCESS_S
 from tests.operator.crd_schema import EXAMPLES, example
 
 TANDEM = [sys.executable, "-P", "-m", "tandem.engine.cli"]
 
 
 def test_render_prints_the_children():
-    result = subprocess.run([*TANDEM, "operator", "--render", str(EXAMPLES / "minimal.yaml")],
-                            capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    argv = [*TANDEM, "operator", "--render", str(EXAMPLES / "minimal.yaml")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=PROCESS_S, check=True)
     printed = list(yaml.safe_load_all(result.stdout))
     llmd = example("minimal")
     del llmd["metadata"]["uid"]
@@ -32,7 +33,7 @@ def test_render_refuses_an_invalid_file_naming_the_field(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(llmd))
     result = subprocess.run([*TANDEM, "operator", "--render", str(path)],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+                            capture_output=True, text=True, timeout=PROCESS_S)  # fmt: skip
     assert result.returncode == 1
     assert "spec.decode.replicas: must be at least 1" in result.stderr
 

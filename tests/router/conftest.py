@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.bounds import HANG_S
 from tests.disagg.nodes import Proc
 
 SERVE_FLAGS = ("--max-model-len", "512", "--num-kv-blocks", "256", "--log-level", "warning")
@@ -30,7 +31,7 @@ class ServeProc(Proc):
         ]  # fmt: skip
 
     def workers(self, role: str | None = None) -> list[dict]:
-        found = httpx.get(f"{self.url}/workers", timeout=10).json()
+        found = httpx.get(f"{self.url}/workers", timeout=HANG_S).json()
         return [w for w in found if role is None or w["role"] == role]
 
 
@@ -63,7 +64,7 @@ def router_logs(tmp_path_factory):
 def serve(llama_dir, router_logs):
     proc = ServeProc(llama_dir, router_logs, "--prefill", "1", "--decode", "1", *SERVE_FLAGS)
     try:
-        proc.start().wait_ready(timeout=180)
+        proc.start().wait_ready()
         yield proc
     finally:
         proc.stop()

@@ -44,7 +44,10 @@ def api_server():
 def test_lists_the_selected_slices_and_caches_the_answer(api_server, tmp_path, monkeypatch):
     url, seen = api_server
     monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path, url, "t")))
-    discovery = EndpointSliceDiscovery("tandem.dev/deployment=chat", namespace="llm")
+    # refresh_s beyond the test: the second call reuses the answer however slow the machine
+    discovery = EndpointSliceDiscovery(
+        "tandem.dev/deployment=chat", namespace="llm", refresh_s=3600
+    )
     found = asyncio.run(discovery.addresses())
     assert [(a.role, a.url) for a in found][-1] == ("prefill", "http://10.244.1.17:8080")
     assert len(found) == 4

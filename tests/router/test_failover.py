@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from tests.bounds import HANG_S
 from tests.disagg.nodes import Node, assert_clean, metric_value, running, wait_until
 from tests.router.conftest import RouterProc
 
@@ -46,7 +47,7 @@ def router_over(workers, llama_dir, router_logs):
 
 
 def _workers(router: RouterProc) -> list[dict]:
-    return httpx.get(f"{router.url}/workers", timeout=5).json()
+    return httpx.get(f"{router.url}/workers", timeout=HANG_S).json()
 
 
 def _health(router: RouterProc, node: Node) -> bool:
@@ -77,9 +78,19 @@ def test_a_decode_worker_killed_mid_stream_ends_the_stream_with_an_error(workers
     )
     chunks = iter(stream)
     assert next(chunks).choices[0].text is not None
-    busy = [n for n in (workers["d1"], workers["d2"]) if n.kv()["requests"] == 1]
-    assert len(busy) == 1
-    busy[0].kill()
+    # Both paused at once, so the request cannot end before its worker is killed, however
+    # fast the machine; the router tells which one has it.
+    decoders = (workers["d1"], workers["d2"])
+    for node in decoders:
+        node.pause()
+    try:
+        inflight = {w["url"]: w["load"]["inflight"] for w in _workers(router)}
+        busy = [n for n in decoders if inflight[n.url] == 1]
+        assert len(busy) == 1, inflight
+        busy[0].kill()
+    finally:
+        for node in decoders:
+            node.resume()
     with pytest.raises(openai.APIError) as err:
         for _ in chunks:
             pass

@@ -1,19 +1,67 @@
 """Errors that depend on the router's state: API keys (401), saturation (429), no worker
-(503), and a client that goes away (the request is aborted downstream, nothing leaks)."""
+(503), and a client that goes away (the request is aborted downstream, nothing leaks).
+
+A request that must still be running when the test acts is one the decode node cannot
+finish meanwhile: the test pauses that node (SIGSTOP) from the moment the request is seen
+running until the router has done its part, so the outcome does not depend on how fast the
+machine generates."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-import time
+import os
+import signal
+import subprocess
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from tests.bounds import HANG_S
 from tests.disagg.nodes import free_port, metric_value, wait_until
-from tests.router.conftest import RouterProc
+from tests.router.conftest import SERVE_FLAGS, RouterProc
 
-LONG = {"prompt": "Tell me everything", "max_tokens": 400, "ignore_eos": True}
+PROMPT = "Tell me everything"
+MAX_MODEL_LEN = int(SERVE_FLAGS[SERVE_FLAGS.index("--max-model-len") + 1])
+
+
+@pytest.fixture(scope="module")
+def long(serve) -> dict:
+    """A request as long as the server allows: it is far from done when the test acts."""
+    r = httpx.post(f"{serve.url}/tokenize", json={"prompt": PROMPT}, timeout=HANG_S)
+    return {"prompt": PROMPT, "max_tokens": MAX_MODEL_LEN - r.json()["count"], "ignore_eos": True}
+
+
+class Child:
+    """The child process of `tandem serve` that serves `url`: to pause and resume."""
+
+    def __init__(self, serve, url: str) -> None:
+        port = url.rsplit(":", 1)[1]
+        pgrep = ["pgrep", "-P", str(serve.proc.pid)]
+        for pid in subprocess.run(pgrep, capture_output=True, text=True).stdout.split():
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            if "--http-port" in argv and argv[argv.index("--http-port") + 1] == port:
+                self.pid = int(pid)
+                return
+        raise LookupError(f"no child of tandem serve serves {url}")
+
+    def pause(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+def in_flight(metrics: str) -> float:
+    """Generations the router is still handling, from its /metrics."""
+    return metric_value(metrics, "tandem_router_requests_in_flight")
+
+
+def all_healthy(serve) -> bool:
+    """After a pause: the router may have ejected the paused worker for a while."""
+    return all(w["healthy"] for w in serve.workers())
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +74,9 @@ def guarded(serve, llama_dir, router_logs):
     )
     try:
         proc.start().wait_ready()
-        assert wait_until(lambda: httpx.get(f"{proc.url}/health").status_code == 200)
+        assert wait_until(
+            lambda: httpx.get(f"{proc.url}/health", timeout=HANG_S).status_code == 200
+        )
         yield proc
     finally:
         proc.stop()
@@ -36,31 +86,35 @@ def test_api_keys_are_checked(guarded):
     bad = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.completions.create(model="llama", prompt="x", max_tokens=2)
-    r = httpx.post(f"{guarded.url}/v1/completions", json={"prompt": "x"})
+    r = httpx.post(f"{guarded.url}/v1/completions", json={"prompt": "x"}, timeout=HANG_S)
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     good = openai.OpenAI(base_url=f"{guarded.url}/v1", api_key="sesame", max_retries=0)
     assert good.completions.create(model="llama", prompt="x", max_tokens=2).choices
-    assert httpx.get(f"{guarded.url}/health").status_code == 200  # probes need no key
+    assert httpx.get(f"{guarded.url}/health", timeout=HANG_S).status_code == 200  # no key
 
 
-def test_saturation_is_429_with_retry_after(guarded):
+def test_saturation_is_429_with_retry_after(guarded, serve, long):
     headers = {"Authorization": "Bearer sesame"}
-    with httpx.stream(
-        "POST", f"{guarded.url}/v1/completions", json={**LONG, "stream": True}, headers=headers
-    ) as first:
+    url = f"{guarded.url}/v1/completions"
+    (decode,) = serve.workers("decode")
+    node = Child(serve, decode["url"])
+    body = {**long, "stream": True}
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=HANG_S) as first:
         lines = first.iter_lines()  # kept: a dropped iterator closes the stream
         line = next(lines)  # the first request is in flight
         assert line.startswith("data: {") and first.status_code == 200, line
-        r = httpx.post(f"{guarded.url}/v1/completions", json={"prompt": "x"}, headers=headers)
+        node.pause()  # and stays in flight
+        try:
+            r = httpx.post(url, json={"prompt": "x"}, headers=headers, timeout=HANG_S)
+        finally:
+            node.resume()
         assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
         assert r.json()["error"]["type"] == "rate_limit_error"
     # the closed stream frees the slot
     assert wait_until(
         lambda: (
             httpx.post(
-                f"{guarded.url}/v1/completions",
-                json={"prompt": "x", "max_tokens": 2},
-                headers=headers,
+                url, json={"prompt": "x", "max_tokens": 2}, headers=headers, timeout=HANG_S
             ).status_code
             == 200
         )
@@ -77,41 +131,71 @@ def test_no_worker_is_503_with_retry_after(llama_dir, router_logs):
             client.completions.create(model="llama", prompt="x", max_tokens=2)
         assert err.value.status_code == 503
         assert int(err.value.response.headers["retry-after"]) >= 1
-        assert httpx.get(f"{proc.url}/health").status_code == 503
-        assert httpx.get(f"{proc.url}/workers").json()[0]["healthy"] is False
+        assert httpx.get(f"{proc.url}/health", timeout=HANG_S).status_code == 503
+        assert httpx.get(f"{proc.url}/workers", timeout=HANG_S).json()[0]["healthy"] is False
     finally:
         proc.stop()
 
 
 def _decode_state(serve) -> tuple[str, float]:
     (decode,) = serve.workers("decode")
-    aborted = metric_value(
-        httpx.get(decode["metrics_url"]).text, "tandem_request_success_total", finish_reason="abort"
-    )
+    metrics = httpx.get(decode["metrics_url"], timeout=HANG_S).text
+    aborted = metric_value(metrics, "tandem_request_success_total", finish_reason="abort")
     return decode["url"], aborted
 
 
 def _clean(url: str) -> bool:
-    kv = httpx.get(f"{url}/debug/kv").json()
+    kv = httpx.get(f"{url}/debug/kv", timeout=HANG_S).json()
     return kv["requests"] == 0 and kv["in_use"] == 0 and kv["held"] == 0
 
 
-def test_a_closed_stream_aborts_the_request_downstream(serve):
-    url, aborted = _decode_state(serve)
-    with httpx.stream("POST", f"{serve.url}/v1/completions", json={**LONG, "stream": True}) as r:
-        lines = r.iter_lines()
-        chunk = json.loads(next(line for line in lines if line)[len("data: ") :])
-        assert chunk["choices"][0]["finish_reason"] is None
-    assert wait_until(lambda: _decode_state(serve)[1] == aborted + 1)
+def _assert_aborted_and_clean(serve, url: str, aborted: float) -> None:
+    assert wait_until(lambda: _decode_state(serve)[1] == aborted)
     (prefill,) = serve.workers("prefill")
     assert wait_until(lambda: _clean(url) and _clean(prefill["url"]))
+    assert wait_until(lambda: all_healthy(serve))
 
 
-def test_a_client_that_gives_up_aborts_a_non_streamed_request(serve):
+def test_a_closed_stream_aborts_the_request_downstream(serve, long):
     url, aborted = _decode_state(serve)
-    start = time.monotonic()
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{serve.url}/v1/completions", json={**LONG, "n": 2}, timeout=0.5)
-    assert wait_until(lambda: _decode_state(serve)[1] == aborted + 2)
-    assert wait_until(lambda: _clean(url))
-    assert time.monotonic() - start < 20
+    node = Child(serve, url)
+    body = {**long, "stream": True}
+    try:
+        with httpx.stream("POST", f"{serve.url}/v1/completions", json=body, timeout=HANG_S) as r:
+            lines = r.iter_lines()
+            chunk = json.loads(next(line for line in lines if line)[len("data: ") :])
+            assert chunk["choices"][0]["finish_reason"] is None
+            node.pause()  # the request cannot finish before the router lets it go
+        metrics = f"{serve.url}/metrics"
+        assert wait_until(lambda: in_flight(httpx.get(metrics, timeout=HANG_S).text) == 0)
+    finally:
+        node.resume()
+    _assert_aborted_and_clean(serve, url, aborted + 1)
+
+
+def test_a_client_that_gives_up_aborts_a_non_streamed_request(serve, long):
+    """The client leaves once both copies run on the decode node: no client timeout, so
+    the test does not depend on how long the request would take."""
+    url, aborted = _decode_state(serve)
+    node = Child(serve, url)
+    body = {**long, "n": 2}
+
+    async def give_up() -> None:
+        async with httpx.AsyncClient(timeout=HANG_S) as probe:
+            client = httpx.AsyncClient(timeout=HANG_S)
+            post = asyncio.ensure_future(client.post(f"{serve.url}/v1/completions", json=body))
+            while (await probe.get(f"{url}/debug/kv")).json()["requests"] < 2:
+                if post.done():
+                    pytest.fail(f"the request ended first: {post.result().text[:300]}")
+                await asyncio.sleep(0.05)  # the polling interval
+            node.pause()  # neither copy can finish before the router lets them go
+            post.cancel()
+            await client.aclose()  # the connection closes: the client is gone
+            while in_flight((await probe.get(f"{serve.url}/metrics")).text):
+                await asyncio.sleep(0.05)
+
+    try:
+        asyncio.run(asyncio.wait_for(give_up(), HANG_S))
+    finally:
+        node.resume()
+    _assert_aborted_and_clean(serve, url, aborted + 2)
