@@ -27,7 +27,17 @@ def model_dir(spec: LLMDeploymentSpec) -> str:
         return f"{MODEL_DIR}/{source.path.strip('/')}".rstrip("/")
     if source.kind == "hostPath":
         return MODEL_DIR
+    if spec.model.cache is not None:
+        return f"{MODEL_DIR}/{cache_folder(spec)}"
     return f"{MODEL_DIR}/model"
+
+
+def cache_folder(spec: LLMDeploymentSpec) -> str:
+    """The model's folder inside the cache claim: one per repo and revision, so a claim
+    holds several models, and pods of the previous revision keep reading theirs while a
+    new one downloads."""
+    source = spec.model.source
+    return f"huggingface/{source.repo}/{source.revision.replace('/', '--')}"
 
 
 def revision(spec: LLMDeploymentSpec) -> str:

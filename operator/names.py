@@ -19,6 +19,7 @@ DEPLOYMENT_LABEL = "tandem.dev/deployment"
 ROLE_LABEL = "tandem.dev/role"
 REVISION_LABEL = "tandem.dev/revision"
 CONFIG_HASH_ANNOTATION = "tandem.dev/config-hash"
+RESERVED_PREFIX = f"{GROUP}/"  # labels and annotations under it are the operator's
 
 HTTP_PORT = 8000
 ZMQ_PORT = 5557  # prefill: ROUTER socket taking prefill requests from decode pods
@@ -28,6 +29,9 @@ EVENTS_PORT = 5558  # prefill and decode: PUB socket of KV events and load
 NIXL_PORT_RANGE = (20000, 20999)
 CONFIG_DIR = "/etc/tandem"
 MODEL_DIR = "/models"
+# Volume name -> mount path in every role's container; a pod template may add others.
+POD_VOLUMES = {"model": MODEL_DIR, "config": CONFIG_DIR, "tmp": "/tmp", "shm": "/dev/shm"}
+DOWNLOAD_CONTAINER = "download"  # the init container fetching a Hugging Face model
 
 
 def child_name(deployment: str, role: str) -> str:

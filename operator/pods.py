@@ -1,77 +1,77 @@
 """The pod template of each role: one hardened container running `tandem <role>`, the model
-volume for the chosen source (with a download init container for Hugging Face), the engine
-ConfigMap, shared memory, and probes."""
+volume for the chosen source (a download init container for Hugging Face, unless the model
+cache's claim holds it), the engine ConfigMap, shared memory, probes, and what the role's
+`podTemplate` adds (pod_overrides.py)."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any
 
+from tandem.operator.download import TOKENIZER_PATTERNS, download_container
 from tandem.operator.engine_config import model_dir
+from tandem.operator.hardening import container_security_context, pod_security_context
+from tandem.operator.model_cache import claim_name
 from tandem.operator.names import (
     CONFIG_DIR,
     CONFIG_HASH_ANNOTATION,
     EVENTS_PORT,
     HTTP_PORT,
-    MODEL_DIR,
     NIXL_PORT_RANGE,
+    POD_VOLUMES,
     REVISION_LABEL,
     ZMQ_PORT,
     child_name,
     labels,
     selector,
 )
-from tandem.operator.spec import LLMDeploymentSpec
+from tandem.operator.pod_overrides import PodOverrides
+from tandem.operator.spec import LLMDeploymentSpec, RoleSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
-RUN_AS = 1000
 SHM_SIZE = {"router": "256Mi", "prefill": "16Gi", "decode": "16Gi"}
-# Files the router needs from a Hugging Face repo: tokenizer and config, never weights.
-TOKENIZER_PATTERNS = ["*.json", "*.model", "*.txt", "*.tiktoken", "*.jinja"]
-_DOWNLOAD = (
-    "import sys; from huggingface_hub import snapshot_download; "
-    "snapshot_download(sys.argv[1], revision=sys.argv[2], local_dir=sys.argv[3], "
-    "allow_patterns=sys.argv[4:] or None)"
-)
 
 
 def pod_template(
     spec: LLMDeploymentSpec, role: str, revision: str, config_hash: str
 ) -> dict[str, Any]:
     pool = spec.pool(role)
+    extra = copy.deepcopy(pool.pod)
     pod_spec: dict[str, Any] = {
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
-        "containers": [_container(spec, role)],
-        "volumes": _volumes(spec, role),
+        "securityContext": pod_security_context(),
+        "containers": [_container(spec, role), *extra.containers],
+        "volumes": _volumes(spec, role) + extra.volumes,
         "terminationGracePeriodSeconds": 30 if role == "router" else 60,
     }
     if role == "router":
         pod_spec["serviceAccountName"] = child_name(spec.name, "router")
     else:
         pod_spec["automountServiceAccountToken"] = False
-    if (init := _download_container(spec, role)) is not None:
-        pod_spec["initContainers"] = [init]
-    for key, value in (
-        ("nodeSelector", pool.node_selector),
-        ("tolerations", pool.tolerations),
-        ("affinity", pool.affinity),
-    ):
-        if value:
-            pod_spec[key] = copy.deepcopy(value)
+    # The platform's init containers first: a native sidecar (a proxy) serves the download.
+    if init := [*extra.init_containers, *_download_containers(spec, role)]:
+        pod_spec["initContainers"] = init
+    pod_spec |= _placement(pool, extra)
     return {
         "metadata": {
             "labels": labels(spec.name, role) | selector(spec.name, role)
-            | {REVISION_LABEL: revision},
-            "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
+            | {REVISION_LABEL: revision} | extra.labels,
+            "annotations": {CONFIG_HASH_ANNOTATION: config_hash} | extra.annotations,
         },
         "spec": pod_spec,
     }  # fmt: skip
+
+
+def _placement(pool: RoleSpec, extra: PodOverrides) -> dict[str, Any]:
+    """Where and how the pods are scheduled and run: only the fields that are set."""
+    fields = {
+        "nodeSelector": pool.node_selector,
+        "tolerations": pool.tolerations,
+        "affinity": pool.affinity,
+        "schedulerName": extra.scheduler_name,
+        "priorityClassName": extra.priority_class_name,
+        "runtimeClassName": extra.runtime_class_name,
+    }
+    return {key: copy.deepcopy(value) for key, value in fields.items() if value}
 
 
 def _container(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
@@ -83,8 +83,8 @@ def _container(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
         "ports": _ports(role),
         "env": _env(spec, role),
         "resources": _resources(spec, role),
-        "securityContext": _container_security(),
-        "volumeMounts": _mounts(spec),
+        "securityContext": _container_security(spec.pool(role).pod),
+        "volumeMounts": _mounts(spec, role),
         **_probes(role),
     }
 
@@ -156,23 +156,19 @@ def _probes(role: str) -> dict[str, Any]:
     }
 
 
-def _container_security() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
-    }
+def _container_security(extra: PodOverrides) -> dict[str, Any]:
+    return container_security_context(extra.capabilities, extra.security)
 
 
-def _mounts(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
-    downloaded = spec.model.source.kind == "huggingFace"  # written by the init container
-    return [
-        {"name": "model", "mountPath": MODEL_DIR, "readOnly": not downloaded},
-        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
-        {"name": "tmp", "mountPath": "/tmp"},
-        {"name": "shm", "mountPath": "/dev/shm"},
-    ]  # fmt: skip
+def _mounts(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
+    read_only = {"model": not _downloads(spec), "config": True}  # the init container writes
+    mounts = []
+    for name, path in POD_VOLUMES.items():
+        mount = {"name": name, "mountPath": path}
+        if name in read_only:
+            mount["readOnly"] = read_only[name]
+        mounts.append(mount)
+    return mounts + copy.deepcopy(spec.pool(role).pod.volume_mounts)
 
 
 def _volumes(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
@@ -190,29 +186,21 @@ def _model_volume(spec: LLMDeploymentSpec) -> dict[str, Any]:
         return {"persistentVolumeClaim": {"claimName": source.claim_name, "readOnly": True}}
     if source.kind == "hostPath":
         return {"hostPath": {"path": source.path, "type": "Directory"}}
+    if spec.model.cache is not None:
+        return {"persistentVolumeClaim": {"claimName": claim_name(spec), "readOnly": True}}
     return {"emptyDir": {}}
 
 
-def _download_container(spec: LLMDeploymentSpec, role: str) -> dict[str, Any] | None:
-    source = spec.model.source
-    if source.kind != "huggingFace":
-        return None
-    patterns = TOKENIZER_PATTERNS if role == "router" else []
-    env = [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/tmp/huggingface"}]
-    if source.token is not None:
-        env.append(_secret_env("HF_TOKEN", source.token.name, source.token.key))
-    return {
-        "name": "download",
-        "image": spec.image,
-        "command": ["python", "-c", _DOWNLOAD],
-        "args": [source.repo, source.revision, model_dir(spec), *patterns],
-        "env": env,
-        "securityContext": _container_security(),
-        "volumeMounts": [
-            {"name": "model", "mountPath": MODEL_DIR},
-            {"name": "tmp", "mountPath": "/tmp"},
-        ],
-    }
+def _downloads(spec: LLMDeploymentSpec) -> bool:
+    """Each pod downloads its own copy: a Hugging Face model without a cache."""
+    return spec.model.source.kind == "huggingFace" and spec.model.cache is None
+
+
+def _download_containers(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
+    if not _downloads(spec):
+        return []
+    patterns = TOKENIZER_PATTERNS if role == "router" else ()
+    return [download_container(spec.model.source, spec.image, model_dir(spec), patterns)]
 
 
 def _field_env(name: str, path: str) -> dict[str, Any]:

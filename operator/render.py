@@ -10,6 +10,7 @@ from typing import Any
 
 from tandem.operator.access import node_network_policy, router_identity
 from tandem.operator.engine_config import config_data, revision
+from tandem.operator.model_cache import cache_objects
 from tandem.operator.names import (
     API_VERSION,
     DEPLOYMENT_LABEL,
@@ -36,7 +37,12 @@ def render_spec(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
     roles = active_roles(spec)
     config = config_data(spec, roles)
     rev, config_hash = revision(spec), short_hash(config)
-    objects = [_config_map(spec, config), *router_identity(spec), node_network_policy(spec)]
+    objects = [
+        _config_map(spec, config),
+        *cache_objects(spec),
+        *router_identity(spec),
+        node_network_policy(spec),
+    ]
     for role in roles:
         objects += _role_objects(spec, role, rev, config_hash)
     if spec.pod_monitor is not None:

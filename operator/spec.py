@@ -10,20 +10,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.operator.pod_overrides import PodOverrides, read_pod_overrides
 from tandem.operator.reader import Reader
+from tandem.operator.scaling import Scaling, read_scaling
 
 DEFAULT_IMAGE = "ghcr.io/tandem-serving/tandem:0.1.0"
 ROLES = ("router", "prefill", "decode")
 POLICIES = ("round-robin", "least-load", "prefix-aware", "kv-aware")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-SCALING_METRICS = ("cpu", "requestsWaiting", "requestsRunning", "kvCacheUsage")
-# The router has no queue or KV cache of its own: it scales on cpu or requests in flight.
-ROLE_SCALING_METRICS = {
-    "router": ("cpu", "requestsRunning"),
-    "prefill": SCALING_METRICS,
-    "decode": SCALING_METRICS,
-}
 SOURCES = ("pvc", "hostPath", "huggingFace")
+# The download Job writes the cache: its claim needs a writable mode.
+ACCESS_MODES = ("ReadWriteMany", "ReadOnlyMany", "ReadWriteOnce")
+WRITABLE_MODES = ("ReadWriteMany", "ReadWriteOnce")
+# A Kubernetes quantity (100Gi, 1.5T), the CRD's pattern.
+QUANTITY = (
+    r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
+)
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,23 @@ class ModelSource:
 
 
 @dataclass(frozen=True)
+class ModelCache:
+    """A claim a Job downloads a Hugging Face model into once, mounted read-only by every
+    pod: an existing claim (`existing_claim`), or one the operator creates and owns."""
+
+    existing_claim: str = ""
+    size: str = ""
+    storage_class_name: str | None = None
+    access_modes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     source: ModelSource
     dtype: str
     max_model_len: int | None
+    cache: ModelCache | None = None
 
 
 @dataclass(frozen=True)
@@ -59,14 +74,6 @@ class EngineSpec:
     max_num_seqs: int
     gpu_memory_utilization: float
     enable_prefix_caching: bool
-
-
-@dataclass(frozen=True)
-class Scaling:
-    min_replicas: int
-    max_replicas: int
-    metric: str
-    value: float
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,7 @@ class RoleSpec:
     affinity: dict[str, Any] = field(default_factory=dict)
     env: list[dict[str, Any]] = field(default_factory=list)
     scaling: Scaling | None = None
+    pod: PodOverrides = field(default_factory=PodOverrides)
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,14 @@ class LLMDeploymentSpec:
     def pool(self, role: str) -> RoleSpec:
         return {"router": self.router.pool, "prefill": self.prefill, "decode": self.decode}[role]
 
+    def relaxed(self) -> tuple[str, ...]:
+        """What each role's securityOverrides relax ("decode: privileged, runAsRoot")."""
+        return tuple(
+            f"{role}: {', '.join(flags)}"
+            for role in ROLES
+            if (flags := self.pool(role).pod.security.relaxed())
+        )
+
 
 def parse(llmd: dict[str, Any]) -> LLMDeploymentSpec:
     """Read an LLMDeployment object. Raises ValueError naming the first invalid field."""
@@ -132,9 +148,9 @@ def parse(llmd: dict[str, Any]) -> LLMDeploymentSpec:
         model=_model(spec.child("model", required=True)),
         image=spec.string("image", default=DEFAULT_IMAGE, min_length=1),
         engine=_engine(spec.child("engine")),
-        router=_router(spec.child("router"), _scaling(scaling, "router")),
-        prefill=_pool(spec.child("prefill"), "prefill", 0, _scaling(scaling, "prefill")),
-        decode=_pool(spec.child("decode"), "decode", 1, _scaling(scaling, "decode")),
+        router=_router(spec.child("router"), scaling),
+        prefill=_pool(spec.child("prefill"), "prefill", 0, scaling),
+        decode=_pool(spec.child("decode"), "decode", 1, scaling),
         remote_prefill_threshold=spec.child("disaggregation").integer(
             "remotePrefillThreshold", default=0, minimum=0
         ),
@@ -146,11 +162,39 @@ def parse(llmd: dict[str, Any]) -> LLMDeploymentSpec:
 
 
 def _model(model: Reader) -> ModelSpec:
+    source = _source(model.child("source", required=True))
     return ModelSpec(
         name=model.string("name", required=True, min_length=1),
-        source=_source(model.child("source", required=True)),
+        source=source,
         dtype=model.string("dtype", default="auto", choices=DTYPES),
         max_model_len=model.integer("maxModelLen", default=None, minimum=1),
+        cache=_cache(model.child("cache"), source) if model.has("cache") else None,
+    )
+
+
+def _cache(cache: Reader, source: ModelSource) -> ModelCache:
+    if source.kind != "huggingFace":
+        raise cache.error("only a huggingFace source is downloaded into a cache")
+    if ".." in f"{source.repo}/{source.revision}".split("/"):
+        raise cache.error("the repo and revision name a folder of the claim: no '..' in them")
+    present = [key for key in ("pvc", "existingClaim") if cache.has(key)]
+    if len(present) != 1:
+        raise cache.error(f"exactly one of pvc, existingClaim must be set, got {present}")
+    if cache.has("existingClaim"):
+        return ModelCache(existing_claim=cache.string("existingClaim", min_length=1))
+    pvc = cache.child("pvc")
+    modes = pvc.sequence("accessModes") if pvc.has("accessModes") else ["ReadWriteMany"]
+    for index, mode in enumerate(modes):
+        if mode not in ACCESS_MODES:
+            raise pvc.error(f"must be one of {', '.join(ACCESS_MODES)}, got {mode!r}",
+                            f"accessModes[{index}]")  # fmt: skip
+    if not set(modes) & set(WRITABLE_MODES):
+        raise pvc.error("the download Job writes the claim: include ReadWriteMany or "
+                        "ReadWriteOnce", "accessModes")  # fmt: skip
+    return ModelCache(
+        size=pvc.string("size", required=True, pattern=QUANTITY),
+        storage_class_name=pvc.string("storageClassName", default=None),
+        access_modes=tuple(dict.fromkeys(modes)),
     )
 
 
@@ -186,14 +230,16 @@ def _engine(engine: Reader) -> EngineSpec:
     )
 
 
-def _router(router: Reader, scaling: Scaling | None) -> RouterSpec:
+def _router(router: Reader, autoscaling: Reader) -> RouterSpec:
     service = router.child("service")
+    resources = router.mapping("resources")
     return RouterSpec(
         pool=RoleSpec(
             "router",
             replicas=router.integer("replicas", default=1, minimum=1),
-            resources=router.mapping("resources"),
-            scaling=scaling,
+            resources=resources,
+            scaling=read_scaling(autoscaling, "router", resources),
+            pod=read_pod_overrides(router.child("podTemplate"), "router"),
         ),
         policy=router.string("policy", default="kv-aware", choices=POLICIES),
         service_type=service.string(
@@ -204,34 +250,20 @@ def _router(router: Reader, scaling: Scaling | None) -> RouterSpec:
     )
 
 
-def _pool(pool: Reader, role: str, min_replicas: int, scaling: Scaling | None) -> RoleSpec:
+def _pool(pool: Reader, role: str, min_replicas: int, autoscaling: Reader) -> RoleSpec:
+    resources = pool.mapping("resources")
     return RoleSpec(
         role,
         replicas=pool.integer("replicas", default=1, minimum=min_replicas),
         tensor_parallel_size=pool.integer("tensorParallelSize", default=1, choices=(1, 2, 4, 8)),
-        resources=pool.mapping("resources"),
+        resources=resources,
         node_selector=pool.mapping("nodeSelector"),
         tolerations=pool.sequence("tolerations"),
         affinity=pool.mapping("affinity"),
         env=pool.sequence("env"),
-        scaling=scaling,
+        scaling=read_scaling(autoscaling, role, resources),
+        pod=read_pod_overrides(pool.child("podTemplate"), role),
     )
-
-
-def _scaling(autoscaling: Reader, role: str) -> Scaling | None:
-    if not autoscaling.has(role):
-        return None
-    body = autoscaling.child(role)
-    target = body.child("target", required=True)
-    scaling = Scaling(
-        min_replicas=body.integer("minReplicas", default=1, minimum=1),
-        max_replicas=body.integer("maxReplicas", required=True, minimum=1, maximum=1000),
-        metric=target.string("metric", required=True, choices=ROLE_SCALING_METRICS[role]),
-        value=target.number("value", required=True, above=0.0),
-    )
-    if scaling.min_replicas > scaling.max_replicas:
-        raise body.error("minReplicas must not exceed maxReplicas")
-    return scaling
 
 
 def _pod_monitor(monitor: Reader) -> PodMonitorSpec | None:

@@ -7,7 +7,8 @@ from typing import Any
 
 from tandem.operator.names import EVENTS_PORT, HTTP_PORT, ZMQ_PORT, child_name, labels, selector
 from tandem.operator.pods import pod_template
-from tandem.operator.spec import LLMDeploymentSpec, Scaling
+from tandem.operator.scaling import Scaling
+from tandem.operator.spec import LLMDeploymentSpec
 
 # Per-pod averages a custom-metrics adapter serves from the pods' own Prometheus metrics.
 POD_METRICS = {

@@ -57,8 +57,10 @@ def validate(llmd: dict[str, Any]) -> list[str]:
 def _strict(node: dict[str, Any]) -> dict[str, Any]:
     """Objects without preserve-unknown-fields or additionalProperties take no other keys;
     Kubernetes-only keywords are dropped."""
+    preserve = node.get("x-kubernetes-preserve-unknown-fields", False)
     node = {k: v for k, v in node.items() if not k.startswith("x-kubernetes")}
-    if node.get("type") == "object" and "properties" in node and "additionalProperties" not in node:
+    closed = node.get("type") == "object" and "properties" in node and not preserve
+    if closed and "additionalProperties" not in node:
         node["additionalProperties"] = False
     if "properties" in node:
         node["properties"] = {k: _strict(v) for k, v in node["properties"].items()}
@@ -76,7 +78,7 @@ def _cel_errors(obj: Any, node: dict[str, Any], path: str):
     for rule in node.get("x-kubernetes-validations", []):
         program = env.program(env.compile(rule["rule"]))
         if not program.evaluate({"self": celpy.json_to_cel(obj)}):
-            yield f"{path}: {rule['message']}"
+            yield f"{path}{rule.get('fieldPath', '')}: {rule['message']}"
     if isinstance(obj, dict):
         for key, sub in node.get("properties", {}).items():
             if key in obj:

@@ -67,6 +67,16 @@ def _edit(path: str, value):
         ("spec.model.source.pvc", {"claimName": "models"}, "exactly one of"),
         ("spec.autoscaling.decode.minReplicas", 20, "minReplicas must not exceed"),
         ("spec.decode.gpus", 2, "'gpus' was unexpected"),
+        ("spec.decode.podTemplate", {"hostNetwork": True}, "'hostNetwork' was unexpected"),
+        ("spec.decode.podTemplate", {"capabilities": ["NET_ADMIN"]}, "podTemplate.capabilities"),
+        ("spec.decode.podTemplate", {"containers": [{"name": "x"}]}, "'image' is a required"),
+        ("spec.decode.podTemplate", {"securityOverrides": {"root": True}}, "'root' was unexpected"),
+        (
+            "spec.model.cache",
+            {"pvc": {"size": "1Gi", "accessModes": ["ReadWriteOncePod"]}},
+            "spec.model.cache.pvc.accessModes",
+        ),
+        ("spec.autoscaling.router", {"minReplicas": 2}, "'maxReplicas' is a required"),
     ],
 )
 def test_bad_resources_are_refused(path, value, error):
@@ -88,6 +98,37 @@ def test_crd_defaults_are_the_operators_defaults(name):
     server never saw must render the same."""
     llmd = example(name)
     assert render(with_defaults(llmd)) == render(llmd)
+
+
+def undocumented(node: dict, path: str) -> list[str]:
+    """Paths of the properties under `node`, at every depth (inside array items and map
+    values too), that `kubectl explain` would show without a description."""
+    missing = []
+    for key, sub in node.get("properties", {}).items():
+        at = f"{path}.{key}"
+        if not str(sub.get("description", "")).strip():
+            missing.append(at)
+        missing += undocumented(sub, at)
+    for key, suffix in (("items", "[*]"), ("additionalProperties", ".*")):
+        if isinstance(node.get(key), dict):
+            missing += undocumented(node[key], path + suffix)
+    return missing
+
+
+def test_kubectl_explain_documents_every_field():
+    """Except `metadata`, where Kubernetes refuses anything but name and generateName (a
+    structural schema rule) and `kubectl explain` shows ObjectMeta's own documentation."""
+    root = schema()
+    assert root["description"].strip()
+    assert undocumented(root, "llmd") == ["llmd.metadata"]
+    assert set(root["properties"]["metadata"]) == {"type", "properties"}
+    assert set(root["properties"]["metadata"]["properties"]) <= {"name", "generateName"}
+
+
+def test_the_description_check_finds_a_nested_gap():
+    node = {"properties": {"a": {"description": "A.", "type": "array", "items": {
+        "properties": {"b": {"type": "string"}, "c": {"description": " "}}}}}}  # fmt: skip
+    assert undocumented(node, "x") == ["x.a[*].b", "x.a[*].c"]
 
 
 def test_chart_ships_the_same_crd():

@@ -69,6 +69,10 @@ def test_apply_is_a_forced_server_side_apply_by_the_operator(api, server):
     assert "/apis/apps/v1/namespaces/inference/deployments/qwen-decode" in paths
     assert "/api/v1/namespaces/inference/configmaps/qwen-config" in paths
     assert "/apis/monitoring.coreos.com/v1/namespaces/inference/podmonitors/qwen" in paths
+    assert {p.rsplit("/", 1)[0] for p in paths} >= {
+        "/api/v1/namespaces/inference/persistentvolumeclaims",
+        "/apis/batch/v1/namespaces/inference/jobs",
+    }
     for request, obj in zip(requests, objects, strict=True):
         assert request["method"] == "PATCH"
         assert request["content_type"] == "application/apply-patch+yaml"

@@ -1,4 +1,4 @@
-"""compute_status() from recorded Deployment statuses."""
+"""compute_status() from recorded Deployment and Job statuses."""
 
 from __future__ import annotations
 
@@ -7,19 +7,33 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tandem.operator.model_cache import CacheProgress
 from tandem.operator.status import Observation, compute_status
 
-DEPLOYMENTS = yaml.safe_load((Path(__file__).parent / "fixtures" / "deployments.yaml").read_text())
+FIXTURES = Path(__file__).parent / "fixtures"
+DEPLOYMENTS = yaml.safe_load((FIXTURES / "deployments.yaml").read_text())
+JOBS = yaml.safe_load((FIXTURES / "jobs.yaml").read_text())
 URL = "http://llama-router.default.svc:8000"
 T0, T1 = "2026-11-21T10:00:00Z", "2026-11-21T10:05:00Z"
+CLAIM, JOB = "qwen-cache-0bc7adfdea", "qwen-download-6c32fb282b"
 
 
-def status_of(router, prefill, decode, previous=None, spec_error=None, now=T0):
+def status_of(router, prefill, decode, previous=None, spec_error=None, now=T0, **observed):
     deployments = {"router": DEPLOYMENTS.get(router), "decode": DEPLOYMENTS.get(decode)}
     if prefill is not None:
         deployments["prefill"] = DEPLOYMENTS.get(prefill)
-    observation = Observation(7, deployments, "" if spec_error else URL, spec_error, previous or {})
+    observation = Observation(
+        7, deployments, "" if spec_error else URL, spec_error, previous or {}, **observed
+    )
     return compute_status(observation, now)
+
+
+def download(state, pods=()):
+    return CacheProgress(CLAIM, JOB, JOBS.get(state), list(pods))
+
+
+def condition(status, kind):
+    return next(c for c in status["conditions"] if c["type"] == kind)
 
 
 def conditions(status):
@@ -34,6 +48,7 @@ def test_all_rolled_out_is_ready():
         "Progressing": ("False", "RolloutComplete"),
         "Degraded": ("False", "AsExpected"),
         "SpecValid": ("True", "Valid"),
+        "HardeningRelaxed": ("False", "HardenedDefaults"),
     }
     assert status["decode"] == {
         "replicas": 2,
@@ -101,4 +116,61 @@ def test_transition_times_move_only_on_a_status_change():
     assert all(c["lastTransitionTime"] == T0 for c in again["conditions"])
     rolled = status_of("ready", "ready", "rolling", previous=again, now=T1)
     times = {c["type"]: c["lastTransitionTime"] for c in rolled["conditions"]}
-    assert times == {"Ready": T0, "Progressing": T1, "Degraded": T0, "SpecValid": T0}
+    assert times == {"Ready": T0, "Progressing": T1, "Degraded": T0, "SpecValid": T0,
+                     "HardeningRelaxed": T0}  # fmt: skip
+
+
+def test_relaxed_hardening_is_reported_without_changing_the_phase():
+    relaxed = ("decode: privileged, capabilities SYS_ADMIN",)
+    status = status_of("ready", "ready", "ready", relaxed=relaxed)
+    assert status["phase"] == "Ready"
+    assert condition(status, "HardeningRelaxed") | {"lastTransitionTime": None} == {
+        "type": "HardeningRelaxed", "status": "True", "reason": "SecurityOverrides",
+        "message": "securityOverrides relax the hardened defaults: "
+                   "decode: privileged, capabilities SYS_ADMIN",
+        "lastTransitionTime": None,
+    }  # fmt: skip
+
+
+def test_a_model_downloading_is_pending_and_progressing():
+    status = status_of(None, None, None, cache=download("running"))
+    assert status["phase"] == "Pending"
+    assert conditions(status)["ModelCached"] == ("False", "Downloading")
+    progressing = condition(status, "Progressing")
+    assert progressing["reason"] == "DownloadingModel"
+    assert progressing["message"].startswith(f"downloading the model (Job {JOB}); rolling out")
+    assert status["modelCache"] == {"claimName": CLAIM, "jobName": JOB}
+
+
+def test_a_new_revision_downloading_keeps_the_old_pods_serving():
+    status = status_of("ready", "ready", "ready", cache=download(None))
+    assert status["phase"] == "Progressing" and conditions(status)["Ready"][0] == "True"
+    assert condition(status, "ModelCached")["message"] == f"Job {JOB} is not created yet"
+
+
+def test_a_failed_download_degrades_with_its_error():
+    status = status_of(None, None, None, cache=download("failed", JOBS["failed_pods"]))
+    assert status["phase"] == "Degraded"
+    cached = condition(status, "ModelCached")
+    assert (cached["status"], cached["reason"]) == ("False", "DownloadFailed")
+    assert "GatedRepoError: 401" in cached["message"]
+    assert "delete the Job to retry" in cached["message"]
+    degraded = condition(status, "Degraded")
+    assert degraded["status"] == "True" and "model cache: Job" in degraded["message"]
+    assert conditions(status)["Progressing"][0] == "False"
+
+
+def test_a_downloaded_model_is_cached():
+    status = status_of("ready", "ready", "ready", cache=download("complete"))
+    assert status["phase"] == "Ready"
+    assert conditions(status)["ModelCached"] == ("True", "Downloaded")
+
+
+def test_an_invalid_spec_keeps_the_cache_and_hardening_as_they_were():
+    before = status_of("ready", "ready", "ready", cache=download("complete"),
+                       relaxed=("decode: privileged",))  # fmt: skip
+    status = status_of("ready", "ready", "ready", previous=before, spec_error="spec.x: bad",
+                       now=T1)  # fmt: skip
+    for kind in ("ModelCached", "HardeningRelaxed"):
+        assert condition(status, kind) == condition(before, kind)
+    assert status["modelCache"] == before["modelCache"]
