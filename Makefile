@@ -12,7 +12,7 @@ TRITON_VERSION ?= 3.9.0
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
 
-.PHONY: install test test-gpu lint format serve bench bench-serve clean
+.PHONY: install test test-gpu test-e2e lint format serve bench bench-serve clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ test: install
 # On a CUDA machine: the kernels compiled for real, bf16, CUDA graphs, engine parity on GPU.
 test-gpu: install
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+
+# A real Kubernetes API server: the control plane from $$TANDEM_KUBE_BIN, else $$KUBECONFIG's.
+test-e2e: install
+	$(PY) -m pytest -q -m e2e $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

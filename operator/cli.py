@@ -6,11 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import sys
-import threading
-
-LEASE_NAME = "tandem-operator"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,10 +20,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hold a Lease so that only one replica reconciles",
     )  # fmt: skip
     parser.add_argument(
+        "--lease-duration", type=float, default=15.0,
+        help="seconds a leader holds the Lease without renewing it (renewed every third)",
+    )  # fmt: skip
+    parser.add_argument(
         "--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),
         help="namespace of the leader Lease (default: $POD_NAMESPACE)",
     )  # fmt: skip
     parser.add_argument("--probe-port", type=int, default=8080, help="/metrics and /healthz")
+    parser.add_argument(
+        "--liveness-period", type=float, default=5.0,
+        help="seconds between the API server checks behind /healthz",
+    )  # fmt: skip
+    parser.add_argument(
+        "--liveness-grace", type=float, default=30.0,
+        help="/healthz fails after this many seconds without a successful API server call; "
+        "credentials refused for as long are fatal",
+    )  # fmt: skip
     parser.add_argument("--log-level", default="info")
 
 
@@ -37,7 +46,9 @@ def run(args: argparse.Namespace) -> None:
         sys.exit(render_file(args.render))
     if not args.namespace and not args.all_namespaces:
         sys.exit("tandem operator: give --namespace NS (repeatable) or --all-namespaces")
-    sys.exit(operate(args))
+    from tandem.operator.lifecycle import exit_process, operate
+
+    exit_process(operate(args))
 
 
 def render_file(path: str) -> int:
@@ -55,41 +66,6 @@ def render_file(path: str) -> int:
         return 1
     print(dump(objects), end="")
     return 0
-
-
-def operate(args: argparse.Namespace) -> int:
-    """Run until stopped; 1 when leadership was lost (the pod restarts as a standby)."""
-    import kopf
-    from prometheus_client import CollectorRegistry
-
-    from tandem.operator.handlers import build_registry
-    from tandem.operator.kube import KubeApi
-    from tandem.operator.leader import LeaderElector
-    from tandem.operator.metrics import OperatorMetrics, serve_probes
-    from tandem.operator.reconcile import Reconciler
-
-    metrics = OperatorMetrics(CollectorRegistry())
-    serve_probes(metrics.registry, "0.0.0.0", args.probe_port)
-    api = KubeApi.from_environment()
-    stop, lost = threading.Event(), threading.Event()
-    if args.leader_election:
-        identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
-        elector = LeaderElector(api, args.lease_namespace, LEASE_NAME, identity)
-        if not elector.wait_until_leader(stop):
-            return 0
-        metrics.leader.set(1)
-
-        def on_lost() -> None:
-            lost.set()
-            stop.set()
-
-        threading.Thread(target=elector.keep_leading, args=(stop, on_lost), daemon=True).start()
-    registry = build_registry(Reconciler(api), metrics, args.interval)
-    kopf.run(
-        registry=registry, standalone=True, stop_flag=stop,
-        clusterwide=args.all_namespaces, namespaces=args.namespace,
-    )  # fmt: skip
-    return 1 if lost.is_set() else 0
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,9 @@
 """Thin kopf handlers: create, update, resume and a timer all call the one reconcile.
 
 The handlers live in a registry built here and passed to `kopf.run`, not in kopf's global
-default registry, so tests build as many operators as they like.
+default registry, so tests build as many operators as they like. kopf adds its default
+login handlers only to that global registry, so this one registers its own
+(`tandem.operator.login`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import kopf
 
 from tandem.operator.kube import ApiError
+from tandem.operator.login import login
 from tandem.operator.metrics import OperatorMetrics
 from tandem.operator.names import GROUP, PLURAL, VERSION
 from tandem.operator.reconcile import Reconciler
@@ -55,6 +58,7 @@ def build_registry(
         settings.posting.level = logging.WARNING  # kopf's warnings and errors become Events
 
     kopf.on.startup(registry=registry)(configure)
+    kopf.on.login(registry=registry)(login)
     for name, decorator in (
         ("create", kopf.on.create),
         ("update", kopf.on.update),

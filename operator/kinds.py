@@ -25,16 +25,26 @@ class Kind:
             path += f"/{name}"
         return path + (f"/{subresource}" if subresource else "")
 
+    def cluster_path(self) -> str:
+        """The collection across every namespace (list and watch only)."""
+        root = "/api/v1" if self.group == "" else f"/apis/{self.api_version}"
+        return f"{root}/{self.plural}"
+
 
 LLM_DEPLOYMENT = Kind(API_VERSION, "LLMDeployment", PLURAL)
 EVENT = Kind("v1", "Event", "events")
 LEASE = Kind("coordination.k8s.io/v1", "Lease", "leases")
 DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
+HPA = Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
+JOB = Kind("batch/v1", "Job", "jobs")
+POD = Kind("v1", "Pod", "pods")  # only listed: a failed model download's messages
 
 # Every kind render() may produce, in apply order (the ConfigMap and the router's identity
 # before the pods that mount or use them).
 CHILD_KINDS = (
     Kind("v1", "ConfigMap", "configmaps"),
+    Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims"),
+    JOB,
     Kind("v1", "ServiceAccount", "serviceaccounts"),
     Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
     Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
@@ -42,7 +52,7 @@ CHILD_KINDS = (
     DEPLOYMENT,
     Kind("v1", "Service", "services"),
     Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
-    Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers"),
+    HPA,
     Kind("monitoring.coreos.com/v1", "PodMonitor", "podmonitors"),
 )
 _BY_KIND = {(k.api_version, k.kind): k for k in CHILD_KINDS}
@@ -72,5 +82,7 @@ def permissions() -> set[tuple[str, str, str]]:
     for kind in CHILD_KINDS:
         # apply = PATCH (and create on first apply); prune = list + delete
         needed |= {(kind.group, kind.plural, v) for v in ("create", "patch", "list", "delete")}
-    needed.add((DEPLOYMENT.group, DEPLOYMENT.plural, "get"))
+    # read back: Deployments for status, the model cache's Job before the Deployments
+    needed |= {(kind.group, kind.plural, "get") for kind in (DEPLOYMENT, JOB)}
+    needed.add((POD.group, POD.plural, "list"))
     return needed | ROUTER_PERMISSIONS

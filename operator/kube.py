@@ -19,6 +19,8 @@ from tandem.operator.names import FIELD_MANAGER
 logger = logging.getLogger(__name__)
 
 APPLY = "application/apply-patch+yaml"  # JSON is YAML: the body is sent as JSON
+# Seconds for one call, connect and read: a reconcile or a probe never hangs on a dead peer.
+REQUEST_TIMEOUT_S = 30.0
 
 
 class ApiError(Exception):
@@ -71,6 +73,12 @@ class KubeApi:
     def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         body = self._call("GET", kind.path(namespace), [("labelSelector", label_selector)])
         return body.get("items") or []
+
+    def probe(self, namespace: str | None) -> None:
+        """A cheap call with the operator's own credentials and permissions: list at most
+        one LLMDeployment (in `namespace`, or everywhere for None). Raises ApiError."""
+        path = LLM_DEPLOYMENT.path(namespace) if namespace else LLM_DEPLOYMENT.cluster_path()
+        self._call("GET", path, [("limit", "1")])
 
     def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", kind.path(namespace), body=body)
@@ -125,12 +133,17 @@ class KubeApi:
             method, path, query_params=query or [], header_params=headers, body=body,
             auth_settings=["BearerToken"],
         )  # fmt: skip
+        import urllib3
         from kubernetes.client.exceptions import ApiException
 
         try:
-            response = self.client.call_api(method, url, headers, body)
-        except ApiException as exc:  # no connection, or 429 after the client's retries
+            response = self.client.call_api(
+                method, url, headers, body, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as exc:  # a TLS failure, or 429 after the client's retries
             raise ApiError(exc.status or 503, str(exc.reason)) from exc
+        except urllib3.exceptions.HTTPError as exc:  # refused, reset or timed out
+            raise ApiError(503, f"{type(exc).__name__}: {exc}") from exc
         data = response.read() or b"{}"
         if response.status >= 400:
             raise ApiError(response.status, _message(data))

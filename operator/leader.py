@@ -43,9 +43,14 @@ class LeaderElector:
         duration_s: float = 15.0,
         renew_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        retry_s: float = 2.0,
     ) -> None:
+        """A leader renews every `renew_s` and is replaced `duration_s` after its last
+        renewal; a standby retries every `retry_s` (controller-runtime's RetryPeriod), so it
+        takes a released lease within that."""
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
         self.duration_s, self.renew_s, self.clock = duration_s, renew_s, clock
+        self.retry_s = min(retry_s, renew_s)
 
     def try_acquire(self) -> bool:
         """One attempt to take or renew the lease; False when another holder has it or
@@ -72,7 +77,7 @@ class LeaderElector:
             if self._attempt():
                 logger.info("leading as %s", self.identity)
                 return True
-            stop.wait(self.renew_s)
+            stop.wait(self.retry_s)
         return False
 
     def keep_leading(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
@@ -85,6 +90,20 @@ class LeaderElector:
                 logger.error("lost lease %s/%s", self.namespace, self.name)
                 on_lost()
                 return
+
+    def release(self) -> None:
+        """Give the lease up on a clean stop, so a standby need not wait for it to expire
+        (controller-runtime's ReleaseOnCancel). Best effort: errors are logged."""
+        try:
+            current = self.api.get(LEASE, self.namespace, self.name)
+            if current is None or _state(current).holder != self.identity:
+                return
+            released = self._lease(current, self.clock())
+            released["spec"]["holderIdentity"] = ""
+            self.api.replace(LEASE, self.namespace, released)
+            logger.info("released lease %s/%s", self.namespace, self.name)
+        except ApiError as exc:
+            logger.warning("lease %s/%s not released: %s", self.namespace, self.name, exc)
 
     def _attempt(self) -> bool:
         try:

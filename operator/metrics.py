@@ -1,9 +1,11 @@
 """The operator's Prometheus metrics and its probe endpoint, served on one port:
-`/metrics`, and `/healthz` (alive, leading or standing by)."""
+`/metrics`, and `/healthz` (503 with the reason once the operator has lost its API server,
+see `tandem.operator.liveness`; leading or standing by makes no difference)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import (
@@ -14,6 +16,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from tandem.operator.liveness import Health
 
 RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -42,14 +46,17 @@ class OperatorMetrics:
         )
 
 
-def serve_probes(registry: CollectorRegistry, host: str, port: int) -> ThreadingHTTPServer:
+def serve_probes(
+    registry: CollectorRegistry, host: str, port: int, health: Callable[[], Health]
+) -> ThreadingHTTPServer:
     """Start the `/metrics` and `/healthz` server in a daemon thread; returns it (for
-    `.server_address` and `.shutdown()`)."""
+    `.server_address` and `.shutdown()`). `health()` decides `/healthz`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/healthz":
-                self._send(200, b"ok\n", "text/plain")
+                now = health()
+                self._send(200 if now.ok else 503, f"{now.detail}\n".encode(), "text/plain")
             elif self.path == "/metrics":
                 self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             else:

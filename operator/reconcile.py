@@ -1,7 +1,10 @@
 """One idempotent reconcile: render, apply, prune, observe, write status.
 
 It is level-based: it never asks what changed, only what should exist, so running it
-twice, or after a missed event, or on a timer, converges to the same state.
+twice, or after a missed event, or on a timer, converges to the same state. With a model
+cache, the serving workloads (Deployments and their HPAs) are held back until the cache's
+download Job has completed: no GPU pod waits on a download, and the pods already running
+keep serving the previous revision from its own folder of the claim until then.
 """
 
 from __future__ import annotations
@@ -11,17 +14,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.operator.kinds import CHILD_KINDS, DEPLOYMENT, child_kind
+from tandem.operator.kinds import CHILD_KINDS, DEPLOYMENT, HPA, JOB, POD, child_kind
 from tandem.operator.kube import ApiError, KubeApi, utc_now
+from tandem.operator.model_cache import JOB_NAME_LABEL, CacheProgress, claim_name, job_name
 from tandem.operator.names import DEPLOYMENT_LABEL, FIELD_MANAGER, child_name
 from tandem.operator.render import active_roles, render_spec
 from tandem.operator.spec import LLMDeploymentSpec, parse
-from tandem.operator.status import ROLE_ORDER, Observation, compute_status, router_url
+from tandem.operator.status import (
+    ROLE_ORDER,
+    Observation,
+    compute_status,
+    hardening_message,
+    router_url,
+)
 
 logger = logging.getLogger(__name__)
 
 # Kinds served by an optional add-on: missing from a cluster, they are skipped with an event.
 OPTIONAL_GROUPS = {"monitoring.coreos.com"}
+# Applied last, and only once the model cache (if any) holds the model.
+SERVING_KINDS = {DEPLOYMENT.kind, HPA.kind}
 
 
 @dataclass
@@ -31,6 +43,7 @@ class Outcome:
     applied: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)  # waiting for the model cache
     spec_error: str | None = None
     status: dict[str, Any] = field(default_factory=dict)
 
@@ -47,19 +60,50 @@ class Reconciler:
         new message. Raises ApiError when the API server refuses a required call."""
         outcome = Outcome()
         spec: LLMDeploymentSpec | None = None
+        cache: CacheProgress | None = None
         try:
             spec = parse(llmd)
         except ValueError as exc:
             outcome.spec_error = str(exc)
             self._report_invalid(llmd, outcome.spec_error)
         else:
-            objects = render_spec(spec)
-            self._apply(llmd, objects, outcome)
-            self._prune(llmd, objects, outcome)
-        observation = self._observe(llmd, spec, outcome.spec_error)
+            cache = self._converge(llmd, spec, outcome)
+            self._note_generation(llmd, outcome)
+        observation = self._observe(llmd, spec, outcome.spec_error, cache)
         outcome.status = compute_status(observation, self.now())
         self.api.apply_status(llmd, outcome.status)
         return outcome
+
+    def _converge(
+        self, llmd: dict[str, Any], spec: LLMDeploymentSpec, outcome: Outcome
+    ) -> CacheProgress | None:
+        """Apply what `spec` renders (the serving workloads once the model is cached),
+        prune the rest, and warn about relaxed hardening or a failed download."""
+        objects = render_spec(spec)
+        serving = [obj for obj in objects if obj["kind"] in SERVING_KINDS]
+        self._apply(llmd, [obj for obj in objects if obj["kind"] not in SERVING_KINDS], outcome)
+        cache = self._read_cache(spec)
+        if cache is None or cache.complete:
+            self._apply(llmd, serving, outcome)
+        else:
+            outcome.held = [_key(obj) for obj in serving]
+        self._prune(llmd, objects, outcome)
+        if relaxed := spec.relaxed():
+            self._warn_once(llmd, "HardeningRelaxed", hardening_message(relaxed))
+        if cache is not None and cache.failure is not None:
+            self._warn_once(llmd, "ModelDownloadFailed", cache.describe())
+        return cache
+
+    def _read_cache(self, spec: LLMDeploymentSpec) -> CacheProgress | None:
+        """The download Job as read, with its pods once an attempt failed."""
+        if spec.model.cache is None:
+            return None
+        name = job_name(spec)
+        job = self.api.get(JOB, spec.namespace, name)
+        pods = []
+        if ((job or {}).get("status") or {}).get("failed"):
+            pods = self.api.list(POD, spec.namespace, f"{JOB_NAME_LABEL}={name}")
+        return CacheProgress(claim_name(spec), name, job, pods)
 
     def _apply(self, llmd: dict[str, Any], objects: list[dict], outcome: Outcome) -> None:
         for obj in objects:
@@ -92,19 +136,41 @@ class Reconciler:
                     outcome.pruned.append(key)
 
     def _observe(
-        self, llmd: dict[str, Any], spec: LLMDeploymentSpec | None, spec_error: str | None
+        self,
+        llmd: dict[str, Any],
+        spec: LLMDeploymentSpec | None,
+        spec_error: str | None,
+        cache: CacheProgress | None,
     ) -> Observation:
         meta, previous = llmd["metadata"], llmd.get("status") or {}
         found = {
             role: self.api.get(DEPLOYMENT, meta["namespace"], child_name(meta["name"], role))
             for role in ROLE_ORDER
         }
-        if spec is not None:
-            url = router_url(spec.name, spec.namespace, spec.router.service_port)
-            deployments = {role: found[role] for role in active_roles(spec)}
-        else:  # the spec cannot say what should exist: report what does
-            url, deployments = "", {r: d for r, d in found.items() if d is not None}
-        return Observation(meta.get("generation", 0), deployments, url, spec_error, previous)
+        if spec is None:  # the spec cannot say what should exist: report what does
+            deployments = {r: d for r, d in found.items() if d is not None}
+            return Observation(meta.get("generation", 0), deployments, "", spec_error, previous)
+        return Observation(
+            generation=meta.get("generation", 0),
+            deployments={role: found[role] for role in active_roles(spec)},
+            router_url=router_url(spec.name, spec.namespace, spec.router.service_port),
+            previous=previous,
+            relaxed=spec.relaxed(),
+            cache=cache,
+        )
+
+    def _note_generation(self, llmd: dict[str, Any], outcome: Outcome) -> None:
+        """One Normal Event per spec generation brought about (the status's
+        observedGeneration tells which were), not one per resync."""
+        generation = llmd["metadata"].get("generation", 0)
+        if (llmd.get("status") or {}).get("observedGeneration") == generation:
+            return
+        message = f"generation {generation}: applied {len(outcome.applied)} objects"
+        if outcome.pruned:
+            message += f", deleted {', '.join(outcome.pruned)}"
+        if outcome.held:
+            message += f", {len(outcome.held)} held until the model is cached"
+        self.api.event(llmd, "Normal", "Reconciled", message)
 
     def _report_invalid(self, llmd: dict[str, Any], message: str) -> None:
         logger.warning("%s/%s: invalid spec: %s", llmd["metadata"].get("namespace"),

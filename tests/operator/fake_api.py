@@ -19,6 +19,7 @@ class FakeApi:
         self.statuses: list[dict[str, Any]] = []
         self.events: list[tuple[str, str, str]] = []
         self.deleted: list[str] = []
+        self.listed: list[str] = []  # "<kind> <selector>" of every list call
         self.missing_groups = missing_groups
         self._versions = itertools.count(1)
 
@@ -45,6 +46,7 @@ class FakeApi:
 
     def list(self, kind: Kind, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         self._served(kind)
+        self.listed.append(f"{kind.kind} {label_selector}")
         wanted = dict(term.split("=") for term in label_selector.split(","))
         return [
             copy.deepcopy(obj) for (k, ns, _), obj in sorted(self.objects.items())
@@ -60,6 +62,10 @@ class FakeApi:
 
     def event(self, llmd: dict[str, Any], kind: str, reason: str, message: str) -> None:
         self.events.append((kind, reason, message))
+
+    @property
+    def warnings(self) -> list[tuple[str, str, str]]:
+        return [e for e in self.events if e[0] == "Warning"]
 
     def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         key = (kind.kind, namespace, body["metadata"]["name"])

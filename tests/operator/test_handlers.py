@@ -7,6 +7,7 @@ import logging
 
 import kopf
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from tandem.operator.handlers import build_registry
@@ -87,12 +88,39 @@ def test_api_errors_become_temporary_errors_and_invalid_specs_are_counted():
     )
 
 
+def activity(registry, kind: str):
+    """The one handler of an activity ("startup", "authentication", ...)."""
+    (handler,) = [h for h in registry._activities.get_all_handlers() if h.activity.value == kind]
+    return handler
+
+
 def test_startup_keeps_kopf_out_of_status_and_off_cluster_wide_watches():
     registry, _ = wiring(RecordingReconciler())
-    (startup,) = registry._activities.get_all_handlers()
+    startup = activity(registry, "startup")
     settings = kopf.OperatorSettings()
     startup.fn(settings=settings)
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "tandem.dev"
     assert settings.scanning.disabled is True
     assert settings.posting.level == logging.WARNING
+
+
+def test_kopf_logs_in_with_the_operators_own_client_configuration(tmp_path, monkeypatch):
+    """kopf adds its default login handlers only to its global registry: a private one
+    needs its own, or kopf runs out of credentials at once."""
+    ca = tmp_path / "ca.crt"
+    ca.write_text("not read here")
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {
+            "server": "https://127.0.0.1:6443", "certificate-authority": str(ca)}}],
+        "users": [{"name": "u", "user": {"token": "s3cret"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }  # fmt: skip
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    registry, _ = wiring(RecordingReconciler())
+    info = activity(registry, "authentication").fn()
+    assert isinstance(info, kopf.ConnectionInfo)
+    assert (info.server, info.scheme, info.token) == ("https://127.0.0.1:6443", "Bearer", "s3cret")
+    assert info.ca_path == str(ca) and info.insecure is False

@@ -87,3 +87,16 @@ def test_waiting_stops_on_request():
     stop = threading.Event()
     threading.Timer(0.05, stop.set).start()
     assert b.wait_until_leader(stop) is False
+
+
+def test_a_released_lease_is_taken_at_once_and_only_the_holder_releases():
+    api, clock = FakeApi(), Clock()
+    a, b = electors(api, clock, "a", "b")
+    assert a.try_acquire()
+    b.release()  # not the holder: changes nothing
+    assert not b.try_acquire()
+    a.release()
+    assert api.get(LEASE, "ops", "tandem-operator")["spec"]["holderIdentity"] == ""
+    assert b.try_acquire()  # no wait for the 15 s expiry
+    a.release()  # b holds it now
+    assert api.get(LEASE, "ops", "tandem-operator")["spec"]["holderIdentity"] == "b"

@@ -1,0 +1,90 @@
+"""The e2e suite's cluster: a control plane started here from $TANDEM_KUBE_BIN, else the
+cluster a kubeconfig names ($KUBECONFIG or ~/.kube/config), else every test is skipped
+with the reason. Either way the CRD and the chart's RBAC are installed once, in namespaces
+of the session's own (deleted at the end)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from tandem.operator.kube import KubeApi
+from tests.operator.e2e.cluster import Install, OperatorProc, delete_namespace, install
+from tests.operator.e2e.control_plane import ControlPlane, kube_bin
+
+KUBECONFIG = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
+NO_CLUSTER = (
+    "no Kubernetes API server: set TANDEM_KUBE_BIN to a folder holding etcd, kube-apiserver "
+    f"and kube-controller-manager, or point KUBECONFIG at a cluster (no file at {KUBECONFIG})"
+)
+
+
+@dataclass
+class Cluster:
+    api: KubeApi  # the administrator's
+    server: str
+    ca: Path
+    plane: ControlPlane | None  # None: someone else's cluster, which the tests cannot restart
+
+
+def admin_api(kubeconfig_path: Path) -> tuple[KubeApi, str, Path | None]:
+    configuration = client.Configuration()
+    config.load_kube_config(str(kubeconfig_path), client_configuration=configuration)
+    ca = Path(configuration.ssl_ca_cert) if configuration.ssl_ca_cert else None
+    return KubeApi(client.ApiClient(configuration)), configuration.host, ca
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory) -> Iterator[Cluster]:
+    bin_dir = kube_bin()
+    if bin_dir is not None:
+        plane = ControlPlane(bin_dir, tmp_path_factory.mktemp("control-plane")).start()
+        try:
+            api, server, _ = admin_api(plane.dir / "admin.kubeconfig")
+            yield Cluster(api, server, plane.ca, plane)
+        finally:
+            plane.stop()
+    elif KUBECONFIG.is_file():
+        api, server, ca = admin_api(KUBECONFIG)
+        yield Cluster(api, server, ca, None)
+    else:
+        pytest.skip(NO_CLUSTER)
+
+
+@pytest.fixture(scope="session")
+def setup(cluster, tmp_path_factory) -> Iterator[Install]:
+    workdir = tmp_path_factory.mktemp("install")
+    done = install(cluster.api, cluster.server, cluster.ca, workdir, uuid.uuid4().hex[:6])
+    try:
+        yield done
+    finally:
+        for namespace in (done.watched, done.operator_namespace):
+            delete_namespace(cluster.api, namespace)
+
+
+@pytest.fixture(scope="session")
+def operator_logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("operator-logs")
+
+
+@pytest.fixture
+def start_operator(setup, operator_logs):
+    """Start `tandem operator` processes (ready: /healthz 200); all stopped after the test."""
+    started: list[OperatorProc] = []
+
+    def start(pod: str, *extra: str, kubeconfig: Path | None = None, wait: bool = True):
+        proc = OperatorProc(operator_logs, setup, pod, kubeconfig, *extra)
+        started.append(proc.start())
+        if wait:
+            proc.wait_ready(timeout=300)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
