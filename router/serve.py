@@ -165,5 +165,6 @@ def run(args: argparse.Namespace) -> None:
         print(f"tandem serve: {exc}; stopping", file=sys.stderr)
         code = 1
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping already: a second is moot
         supervisor.stop()
     sys.exit(code)

@@ -4,8 +4,10 @@
 Like a Kubernetes pod with `restartPolicy: Always`: any exit of a running child counts as a
 crash and is restarted after a back-off that doubles with each recent crash; a child that
 crashes too often within a window makes the supervisor give up (`GaveUp`), and the caller
-stops everything. A child that exits before the router is first ready is a start-up failure
-(a bad flag, a port in use): fatal at once, never retried.
+stops everything. A child that exits by itself before the router is first ready is a
+start-up failure (a bad flag, a port in use): fatal at once, never retried. One killed by a
+signal meanwhile (kill -9, the OOM killer) crashed: it is restarted like any crash, since
+the supervisor notices readiness a moment after its clients may.
 """
 
 from __future__ import annotations
@@ -114,13 +116,12 @@ class Supervisor:
         )
 
     def wait_ready(self, router: Child, timeout: float) -> None:
-        """Wait until the router answers /health with 200. Raises RuntimeError when any
-        child exits first (start-up failures are not restarted), TimeoutError after
-        `timeout` seconds."""
+        """Wait until the router answers /health with 200. Raises RuntimeError when a child
+        exits by itself first (start-up failures are not restarted), GaveUp when one is
+        killed more often than the policy allows, TimeoutError after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if (child := self.dead()) is not None:
-                raise RuntimeError(f"{child.name} {describe_exit(child.proc.returncode)}")
+            self._startup_round(time.monotonic())
             try:
                 if httpx.get(f"{router.url}/health", timeout=2).status_code == 200:
                     return
@@ -128,6 +129,13 @@ class Supervisor:
                 pass
             time.sleep(0.3)
         raise TimeoutError(f"not ready after {timeout:.0f}s")
+
+    def _startup_round(self, now: float) -> None:
+        for child in self.children:
+            code = child.proc.poll() if child.restart_at is None else None
+            if code is not None and code >= 0:
+                raise RuntimeError(f"{child.name} {describe_exit(code)}")
+        self.tick(now)  # killed by a signal: a crash
 
     def tick(self, now: float) -> None:
         """Schedule a restart for every child that died, and restart every child whose

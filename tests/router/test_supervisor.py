@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from collections import deque
 
@@ -94,3 +95,24 @@ def test_stop_ends_every_child(supervised):
     supervisor.tick(0.0)  # one is waiting for its restart when everything stops
     supervisor.stop()
     assert all(c.proc.poll() is not None for c in supervisor.children)
+
+
+def test_before_the_router_is_ready_a_killed_child_is_restarted_but_a_failed_one_is_fatal(
+    supervised,
+):
+    """The supervisor notices readiness a moment after its clients may: a child they killed
+    then is a crash, not a start-up failure. One that exits by itself (a bad flag, a port in
+    use) is fatal at once."""
+    supervisor, lines = supervised
+    a, b = supervisor.children
+    killed = a.proc.pid
+    kill(a)
+    supervisor._startup_round(100.0)
+    assert a.restart_at == 101.0 and "was killed by SIGKILL; restarting" in lines[-1]
+    supervisor._startup_round(101.0)
+    assert a.proc.pid != killed and a.proc.poll() is None
+    kill(b)
+    b.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])  # a bad flag
+    b.proc.wait()
+    with pytest.raises(RuntimeError, match="b exited with 2"):
+        supervisor._startup_round(102.0)

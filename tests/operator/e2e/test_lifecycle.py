@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tandem.operator.kinds import DEPLOYMENT, HPA, LLM_DEPLOYMENT, child_kind
+from tandem.operator.kinds import CHILD_KINDS, DEPLOYMENT, HPA, JOB, LLM_DEPLOYMENT, child_kind
 from tandem.operator.kube import ApiError
 from tandem.operator.names import FIELD_MANAGER, REVISION_LABEL
 from tandem.operator.reconcile import OPTIONAL_GROUPS
@@ -32,6 +32,7 @@ from tests.operator.e2e.helpers import (
 )
 
 pytestmark = pytest.mark.e2e
+PVC = next(k for k in CHILD_KINDS if k.kind == "PersistentVolumeClaim")
 
 
 @pytest.fixture(scope="module")
@@ -291,3 +292,29 @@ def _undescribed(node: dict, path: str, is_field: bool = True):
     for key in ("items", "additionalProperties"):
         if isinstance(node.get(key), dict):
             yield from _undescribed(node[key], f"{path}[]", is_field=False)
+
+
+def test_a_model_cache_is_claimed_and_downloaded_once_before_any_workload(setup, llmd):
+    """No kubelet here, so the download Job never runs: the claim and the Job exist (both
+    admitted under "restricted"), every serving Deployment is held back, and the status
+    says the model is downloading."""
+    api = setup.api
+    llmd["spec"]["model"] = {
+        "name": "tiny",
+        "source": {"huggingFace": {"repo": "org/tiny", "revision": "main"}},
+        "cache": {"pvc": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}},
+    }
+    create(api, llmd)
+    live = wait_condition(api, llmd, "ModelCached", "False")
+    assert condition(live, "ModelCached")["reason"] == "Downloading"
+    cache = live["status"]["modelCache"]
+    assert api.get(PVC, setup.watched, cache["claimName"]) is not None
+    job = api.get(JOB, setup.watched, cache["jobName"])
+    assert (
+        job is not None and job["metadata"]["ownerReferences"][0]["uid"] == live["metadata"]["uid"]
+    )
+    name = llmd["metadata"]["name"]
+    for role in ("router", "prefill", "decode"):
+        assert api.get(DEPLOYMENT, setup.watched, f"{name}-{role}") is None, role
+    selector = f"job-name={cache['jobName']}"
+    assert wait_until(lambda: pods(api, setup.watched, selector), timeout=HANG_S)  # admitted
