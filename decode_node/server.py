@@ -27,7 +27,6 @@ from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import NodeCore, NodeIdentity, configure_process, engine_args_from
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.node_server import NodeServer, error_body
-from tandem.engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +61,7 @@ class DecodeLoop:
         self.poller.register(loop.wake_fd, zmq.POLLIN)
         self.client = PrefillClient(self.context, self.poller)
         self.publisher = KVEventPublisher(self.context, host, pub_port, core.agent.name)
-        tokenizer = load_tokenizer(core.config.model_dir)
-        self.worker = DecodeWorker(core, self.client, tokenizer, options)
+        self.worker = DecodeWorker(core, self.client, core.tokenizer, options)
 
     def run_once(self) -> None:
         worker = self.worker

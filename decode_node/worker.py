@@ -134,6 +134,9 @@ class DecodeWorker:
             inp.request_id, inp.token_ids, params, config.model.eos_token_ids, inp.cache_salt
         )
         request.generator = torch.Generator(config.device).manual_seed(seed)
+        if params.structured_outputs is not None:
+            # Starts at the grammar's start: a prefill node's first token advances it.
+            request.grammar = self.core.grammars.matcher(params.structured_outputs)
         request.prefill_worker = inp.prefill
         detok = IncrementalDetokenizer(
             self.tokenizer,

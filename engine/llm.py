@@ -87,13 +87,15 @@ class LLM:
         sampling_params: Params = None,
         *,
         add_generation_prompt: bool = True,
+        tools: Sequence[dict] | None = None,
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation or a list of conversations, each rendered by
-        the model's chat template."""
+        the model's chat template (with `tools`, OpenAI's function objects, when given)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         token_ids = [
-            encode_chat(self.tokenizer, conv, add_generation_prompt) for conv in conversations
+            encode_chat(self.tokenizer, conv, add_generation_prompt, tools=tools)
+            for conv in conversations
         ]
         return self.generate(None, sampling_params, prompt_token_ids=token_ids, use_tqdm=use_tqdm)
 

@@ -25,6 +25,7 @@ from tandem.engine.config import (
     resolve_dtype,
     resolve_kernels,
 )
+from tandem.engine.grammar import GrammarCompiler
 from tandem.engine.kv_cache_manager import KVCacheManager
 from tandem.engine.model_runner import ModelRunner, activation_bytes, kv_block_bytes
 from tandem.engine.output_processor import OutputProcessor
@@ -120,7 +121,8 @@ def check_kv_cache_fits(config: EngineConfig, num_blocks: int) -> None:
 
 
 class LLMEngine:
-    """Owns the scheduler, the KV-cache manager, the model runner and the outputs."""
+    """Owns the scheduler, the KV-cache manager, the model runner, the outputs and the
+    compiled grammars (structured outputs)."""
 
     def __init__(
         self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase | None = None
@@ -133,6 +135,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(config, self.kv.block_ids)
         self.outputs = OutputProcessor(tokenizer)
+        self.grammars = grammar_compiler(config, tokenizer)
         self._seeds = random.Random(config.seed)
 
     @classmethod
@@ -141,8 +144,11 @@ class LLMEngine:
         return cls(config, load_tokenizer(config.model_dir))
 
     def validate(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError if this request can never be served. Changes nothing."""
+        """Raise ValueError if this request can never be served (an `InvalidGrammar` for
+        structured outputs that do not compile). Changes nothing but the grammar cache."""
         validate_prompt(self.config, prompt_token_ids, params)
+        if params.structured_outputs is not None:
+            self.grammars.validate(params.structured_outputs)
 
     def add_request(
         self,
@@ -186,6 +192,8 @@ class LLMEngine:
         )
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         request.generator = torch.Generator(self.config.device).manual_seed(seed)
+        if params.structured_outputs is not None:
+            request.grammar = self.grammars.matcher(params.structured_outputs)
         return request
 
     def abort_request(self, request_ids: Iterable[str]) -> list[RequestOutput]:
@@ -225,6 +233,14 @@ class LLMEngine:
     def check_integrity(self) -> BlockCounts:
         """Assert the KV-cache invariants (see `KVCacheManager.check_integrity`)."""
         return self.kv.check_integrity()
+
+
+def grammar_compiler(
+    config: EngineConfig, tokenizer: PreTrainedTokenizerBase | None
+) -> GrammarCompiler:
+    """The engine's grammar compiler: the model's vocabulary (the logits' width, which may
+    exceed the tokenizer's) and its end-of-sequence tokens."""
+    return GrammarCompiler(tokenizer, config.model.vocab_size, config.model.eos_token_ids)
 
 
 def validate_prompt(

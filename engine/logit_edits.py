@@ -67,7 +67,9 @@ class LogitEdits:
         if counted:
             for token in request.output_token_ids:
                 _append(self.output, row, token, 1.0)
-        if request.num_output_tokens < p.min_tokens:
+        # Under a grammar the grammar says where the output may end: masking its only
+        # allowed token (EOS once complete) would leave nothing to sample.
+        if request.num_output_tokens < p.min_tokens and request.grammar is None:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(request.eos_token_ids))
             for token in stops:
                 if 0 <= token < vocab:

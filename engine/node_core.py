@@ -1,5 +1,6 @@
 """What a prefill or decode node's engine thread owns: the model, the KV cache and its
-manager, the scheduler, the NIXL agent and the metrics; plus the command-line flags they
+manager, the scheduler, the NIXL agent, the tokenizer and compiled grammars, and the
+metrics; plus the command-line flags they
 share and the debug views the tests read (block census, raw blocks by hash)."""
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from tandem.engine.config import EngineConfig
 from tandem.engine.kv_cache_manager import KVCacheManager
 from tandem.engine.kv_events import Load
 from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
-from tandem.engine.llm_engine import EngineArgs
+from tandem.engine.llm_engine import EngineArgs, grammar_compiler
 from tandem.engine.metrics import NodeMetrics
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.scheduler import Scheduler
+from tandem.engine.tokenizer import load_tokenizer
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,6 +134,10 @@ class NodeCore:
         self.runner = ModelRunner(config, self.kv.block_ids)
         prefix = f"{identity.role}-{identity.pod}".replace(":", "-")
         self.agent = KVTransferAgent(new_agent_name(prefix), self.runner.kv_cache)
+        self.tokenizer = load_tokenizer(config.model_dir)
+        # Structured outputs arrive as plain data; each node compiles (and caches) its own.
+        self.grammars = grammar_compiler(config, self.tokenizer)
+        self.grammars.prepare()
         self.metrics = NodeMetrics(registry, identity.model, identity.role, identity.pod)
 
     def load(self) -> Load:

@@ -5,11 +5,15 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from tandem.engine.block_hash import BlockHash
 from tandem.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from tandem.engine.grammar import Grammar
 
 
 class RequestStatus(enum.IntEnum):
@@ -53,7 +57,8 @@ class TokenLogprobs:
 
 class Request:
     """One sequence being generated. The scheduler owns its status and counters; the KV-cache
-    manager owns its blocks and `block_hashes`; the sampler reads its `generator`.
+    manager owns its blocks and `block_hashes`; the sampler reads its `generator` and its
+    `grammar` (structured outputs), which every appended token advances.
 
     The model computes `all_token_ids[:num_computed_tokens]`; a request is decoding when
     only its last sampled token is left to compute.
@@ -83,6 +88,9 @@ class Request:
         self.status = RequestStatus.WAITING
         self.block_hashes: list[BlockHash] = []
         self.generator: torch.Generator | None = None
+        # Structured outputs: the matcher of the tokens output so far (None: unconstrained).
+        # A preempted request keeps it: its output tokens are recomputed, not resampled.
+        self.grammar: Grammar | None = None
         # The stop token id or stop string that finished the request, if one did.
         self.stop_reason: int | str | None = None
         # Disaggregation: the prefill worker to ask (None: prefill here), and how many of
@@ -116,14 +124,19 @@ class Request:
         )
 
     def append_output_token(self, token_id: int, logprobs: TokenLogprobs | None = None) -> None:
+        """Append a sampled token (here, or by a prefill node) and advance the grammar."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
         if logprobs is not None:
             self.output_logprobs.append(logprobs)
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
 
     def check_stop(self, max_model_len: int) -> RequestStatus | None:
         """The finished status the last appended token implies, or None to go on. Records
-        the stop token in `stop_reason`."""
+        the stop token in `stop_reason`. A grammar that is complete stops the request (no
+        token could follow); one the token broke (only a token the mask did not come from,
+        say a prefill node's with another grammar) fails it."""
         params = self.sampling_params
         num_out = self.num_output_tokens
         last = self.output_token_ids[-1]
@@ -131,6 +144,10 @@ class Request:
             last in params.stop_token_ids or (not params.ignore_eos and last in self.eos_token_ids)
         ):
             self.stop_reason = last
+            return RequestStatus.FINISHED_STOPPED
+        if self.grammar is not None and self.grammar.is_terminated:
+            if self.grammar.is_error:
+                return RequestStatus.FINISHED_ERROR
             return RequestStatus.FINISHED_STOPPED
         if params.max_tokens is not None and num_out >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH

@@ -1,10 +1,12 @@
 """The sampler: logits of the sequences due a token -> token ids and log-probabilities.
 
-Order of operations, as in vLLM: raw log-probabilities (what `logprobs` reports) are taken
-first; then logit bias, penalties and the `min_tokens` mask; greedy rows take the argmax;
-random rows are divided by their temperature, filtered by min-p, top-k and top-p, and drawn
-with their own `torch.Generator` (the exponential-race trick), so a request's draws never
-depend on the batch around it.
+Order of operations, as in vLLM: the grammar mask first (structured outputs: tokens the
+request's grammar forbids get -inf, `tandem.engine.grammar_mask`); then raw
+log-probabilities (what `logprobs` reports) are taken; then logit bias, penalties and the
+`min_tokens` mask; greedy rows take the argmax; random rows are divided by their
+temperature, filtered by min-p, top-k and top-p, and drawn with their own
+`torch.Generator` (the exponential-race trick), so a request's draws never depend on the
+batch around it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.engine.grammar_mask import GrammarMask
 from tandem.engine.logit_edits import LogitEdits, host_tensor
 from tandem.engine.request import Request, TokenLogprobs
 from tandem.engine.sampling_params import SamplingParams
@@ -26,12 +29,18 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Stateless; reads each request's params, output tokens and generator (which it
-    advances)."""
+    """Reads each request's params, output tokens and grammar, and advances its generator;
+    owns only the grammar mask's buffers (made on the first batch with a grammar)."""
+
+    def __init__(self) -> None:
+        self._grammar_mask: GrammarMask | None = None
 
     def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
-        """`logits`: [S, V] float32, row i for `requests[i]`."""
+        """`logits`: [S, V] float32, row i for `requests[i]`; rows with a grammar are
+        masked in place."""
         assert logits.dim() == 2 and logits.shape[0] == len(requests), (logits.shape, len(requests))
+        if any(r.grammar is not None for r in requests):
+            self._mask(logits).apply(logits, requests)
         want_logprobs = [r.sampling_params.logprobs for r in requests]
         raw_logprobs = None
         if any(n is not None for n in want_logprobs):
@@ -42,6 +51,11 @@ class Sampler:
         if raw_logprobs is not None:
             logprobs = _gather_logprobs(raw_logprobs, token_ids, want_logprobs)
         return SamplerOutput(token_ids=token_ids.tolist(), logprobs=logprobs)
+
+    def _mask(self, logits: torch.Tensor) -> GrammarMask:
+        if self._grammar_mask is None:
+            self._grammar_mask = GrammarMask(logits.shape[1], logits.dtype, logits.device)
+        return self._grammar_mask
 
     def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
         if not any(_needs_processing(r) for r in requests):
@@ -61,7 +75,11 @@ class Sampler:
 
 def _needs_processing(request: Request) -> bool:
     p = request.sampling_params
-    return bool(p.logit_bias or p.needs_penalties or request.num_output_tokens < p.min_tokens)
+    return bool(
+        p.logit_bias
+        or p.needs_penalties
+        or (request.num_output_tokens < p.min_tokens and request.grammar is None)
+    )
 
 
 def _sample(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:

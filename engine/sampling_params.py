@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tandem.engine.structured_outputs import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -15,7 +17,10 @@ class SamplingParams:
     `temperature == 0` is greedy. `top_k <= 0` and `top_p == 1` disable those filters.
     `seed` makes a request's random draws independent of the batch around it.
     `logprobs=N` returns the sampled token's log-probability plus the top N (0: only
-    the sampled one); `None` returns none. Raises ValueError for an invalid field.
+    the sampled one); `None` returns none. `structured_outputs` constrains the output to
+    a JSON schema, a regex, a choice or a grammar (vLLM's `StructuredOutputsParams`; a
+    dict of its fields is accepted, as it travels between nodes). Raises ValueError for an
+    invalid field.
     """
 
     n: int = 1
@@ -36,6 +41,7 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -44,6 +50,7 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.logit_bias:  # JSON object keys arrive as strings
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        self.structured_outputs = StructuredOutputsParams.coerce(self.structured_outputs)
         self._validate()
 
     def _validate(self) -> None:

@@ -2,7 +2,8 @@
 
 `tandem make-model DIR --arch llama|qwen2|qwen3|mistral` (or `python -m
 tandem.engine.tiny_model DIR ...`) writes config.json, safetensors weights and a byte-level
-BPE tokenizer trained here on generated text, with a ChatML chat template. Weights are drawn
+BPE tokenizer trained here on generated text, with a ChatML chat template that renders
+tools the Hermes/Qwen way (so the router's tool calling runs end to end on it). Weights are drawn
 with a large spread so greedy decoding has clear winners (random 0.02-std models tie
 constantly, which makes exact comparisons meaningless).
 """
@@ -12,8 +13,12 @@ from __future__ import annotations
 import argparse
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 SIZES = {
@@ -22,10 +27,38 @@ SIZES = {
     "small": (256, 768, 4, 8, 4, 32, 2048),
 }
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+# ChatML; with tools, Hermes/Qwen2.5's way: the signatures in the system turn, calls as
+# <tool_call> blocks, results as <tool_response> blocks in a user turn. (The markers are
+# plain text to this tokenizer, spelled with several tokens.)
+_TOOLS_SYSTEM = (
+    "{% if tools %}{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    "<|im_end|>\n' }}{% endif %}"
+)
+_TOOL_CALLS = (
+    "{{ '<|im_start|>assistant\n' + (message['content'] or '') }}"
+    "{% for call in message['tool_calls'] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{{ '<tool_call>\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' "
+    "+ (fn['arguments'] | tojson) + '}\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}"
+)
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
+    _TOOLS_SYSTEM + "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|im_start|>user\n<tool_response>\n' + message['content'] "
+    "+ '\n</tool_response><|im_end|>\n' }}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] %}" + _TOOL_CALLS + ""
+    "{% else %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    "{% endfor %}"
+    "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 _WORDS = [
@@ -191,9 +224,12 @@ def make_model(
     max_len: int = 2048,
     max_shard_size: str | None = None,
     sliding_window: int | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Path:
     """Write the checkpoint and tokenizer into `out_dir` (created) and return it.
-    `sliding_window` (mistral only) makes every query see only its last that many tokens."""
+    `sliding_window` (mistral only) makes every query see only its last that many tokens.
+    `tokenizer` (default: one trained here) sets the vocabulary, say a real model's for a
+    benchmark whose costs grow with it."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     if size not in SIZES:
@@ -202,12 +238,17 @@ def make_model(
         raise ValueError("a sliding window is only made for --arch mistral")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(SIZES[size][-1], seed)
+    eos = [2, 4]
+    if tokenizer is None:
+        tokenizer = build_tokenizer(SIZES[size][-1], seed)
+    else:
+        eos = [tokenizer.eos_token_id]
     config = _hf_config(arch, size, len(tokenizer), max_len, sliding_window)
+    config.eos_token_id = eos[0]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, seed)
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2, 4], pad_token_id=0)
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=eos, pad_token_id=0)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out, **kwargs)
     tokenizer.save_pretrained(out)

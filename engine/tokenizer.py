@@ -24,8 +24,10 @@ def encode_chat(
     messages: Sequence[Message],
     add_generation_prompt: bool = True,
     chat_template: str | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Token ids of a conversation rendered by the model's chat template.
+    """Token ids of a conversation rendered by the model's chat template; `tools` (OpenAI's
+    `{"type": "function", "function": {...}}` objects) are the template's to render.
 
     Raises ValueError when the tokenizer has no template and none is given.
     """
@@ -36,5 +38,6 @@ def encode_chat(
         chat_template=chat_template,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
+        **({"tools": list(tools)} if tools else {}),
     )
     return tokenizer.encode(text, add_special_tokens=False)

@@ -130,6 +130,9 @@ class PrefillWorker:
         )
         seed = params.seed if params.seed is not None else secrets.randbits(63)
         request.generator = torch.Generator(core.config.device).manual_seed(seed)
+        if params.structured_outputs is not None:
+            # the first token obeys the grammar too; D's matcher starts from the prompt
+            request.grammar = core.grammars.matcher(params.structured_outputs)
         return request
 
     # -- the loop -------------------------------------------------------------------------

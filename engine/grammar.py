@@ -1,0 +1,160 @@
+"""Structured outputs compiled for one tokenizer, with llguidance.
+
+`GrammarCompiler` turns a `StructuredOutputsParams` into a `Grammar`, the per-request
+matcher that knows which tokens may come next. Compiling is cached by the spec's key
+(`StructuredOutputsParams.key`): a cached grammar is a matcher at its start state, and
+each request gets a copy of it (microseconds, where compiling takes a millisecond or more).
+
+Why llguidance and not xgrammar: it refuses what it cannot enforce (`not`, `if`/`then`,
+`uniqueItems`, unknown formats, remote `$ref`s), where xgrammar ignores such keywords and
+lets output through that the schema rejects; and it compiles lazily, in about a
+millisecond for the schemas we tried where xgrammar takes 25 to 440 ms (the numbers are in
+docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import llguidance
+import llguidance.hf
+from llguidance.gbnf_to_lark import any_to_lark
+from transformers import PreTrainedTokenizerBase
+
+from tandem.engine.structured_outputs import StructuredOutputsParams
+
+logger = logging.getLogger(__name__)
+
+# JSON as OpenAI's structured outputs write it: no whitespace between tokens, so a model
+# cannot pad its output with blanks until max_tokens runs out.
+_JSON_OPTIONS = {"whitespace_flexible": False}
+_MAX_ERROR_CHARS = 400
+
+
+class InvalidGrammar(ValueError):
+    """The spec cannot be compiled: a schema that is not one, a feature llguidance cannot
+    enforce, a regex or grammar that does not parse."""
+
+
+class Grammar:
+    """One sequence's place in its grammar. Owned by its request: `accept` advances it with
+    each appended token; the sampler reads `matcher` to mask the next token's logits."""
+
+    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+        self.matcher = matcher
+
+    def accept(self, token_id: int) -> bool:
+        """Advance past `token_id`; False if the grammar forbids it (the grammar is then in
+        error and stays there)."""
+        return self.matcher.consume_token(token_id)
+
+    @property
+    def is_terminated(self) -> bool:
+        """No token can follow (the grammar is complete, or in error)."""
+        return self.matcher.is_stopped()
+
+    @property
+    def is_error(self) -> bool:
+        return self.matcher.is_error()
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()[:_MAX_ERROR_CHARS]
+
+
+class GrammarCompiler:
+    """Compiles specs for one tokenizer and caches the results (least recently used out
+    past `max_entries`). Not thread-safe: one per engine thread (or router event loop).
+    The llguidance tokenizer is built on first use (about two seconds for a 150k
+    vocabulary), so an offline engine that never sees a grammar never pays for it; servers
+    build it at start-up (`prepare`)."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase | None,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        max_entries: int = 256,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = list(eos_token_ids)
+        self.max_entries = max_entries
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+
+    def prepare(self) -> None:
+        """Build the llguidance tokenizer now rather than on the first spec: a server calls
+        this at start-up, so no request waits a second for it."""
+        self._tokenizer()
+
+    def matcher(self, spec: StructuredOutputsParams) -> Grammar:
+        """A fresh matcher at the grammar's start. Raises InvalidGrammar."""
+        return Grammar(self._compiled(spec).deep_copy())
+
+    def validate(self, spec: StructuredOutputsParams) -> None:
+        """Compile (or find cached) and discard. Raises InvalidGrammar."""
+        self._compiled(spec)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._cache)
+
+    def _compiled(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
+        key = spec.key()
+        found = self._cache.get(key)
+        if found is not None:
+            self._cache.move_to_end(key)
+            return found
+        matcher = llguidance.LLMatcher(self._tokenizer(), grammar_text(spec), log_level=0)
+        if matcher.is_error():
+            raise InvalidGrammar(_first_error(matcher.get_error()))
+        self._cache[key] = matcher
+        if len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+        return matcher
+
+    def _tokenizer(self) -> llguidance.LLTokenizer:
+        if self._ll_tokenizer is None:
+            if self.tokenizer is None:
+                raise InvalidGrammar("structured outputs need the model's tokenizer")
+            self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_ids or None
+            )
+        return self._ll_tokenizer
+
+
+def grammar_text(spec: StructuredOutputsParams) -> str:
+    """The spec in llguidance's grammar format (not yet checked). Raises InvalidGrammar
+    for a schema llguidance cannot even read."""
+    kind = spec.kind
+    try:
+        if kind == "json":
+            schema = spec.json if isinstance(spec.json, dict) else {}
+            if spec.json is False:
+                raise InvalidGrammar("the JSON schema false admits nothing")
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
+        if kind == "json_object":
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                {"type": "object"}, defaults=_JSON_OPTIONS
+            )
+        if kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(spec.regex)
+        if kind == "choice":
+            # JSON string literals are Lark string literals (llguidance reads their escapes).
+            return llguidance.LLMatcher.grammar_from_lark(
+                "start: " + " | ".join(json.dumps(c) for c in spec.choice)
+            )
+        return llguidance.LLMatcher.grammar_from_lark(any_to_lark(spec.grammar))
+    except InvalidGrammar:
+        raise
+    except Exception as exc:  # llguidance raises plain exceptions for unreadable input
+        raise InvalidGrammar(_first_error(str(exc))) from exc
+
+
+def _first_error(message: str) -> str:
+    """llguidance's message without the parser-state dump it may append."""
+    return message.split("\n<state>")[0].strip()[:_MAX_ERROR_CHARS]
