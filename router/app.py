@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tandem.engine.node_server import add_validation_handler
+from tandem.engine.structured_outputs import StructuredOutputsParams
 from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import APIError, ModelNotFound, Unauthorized
 from tandem.router.generation import Generation, GenerationRunner
@@ -122,8 +123,9 @@ class Router:
         if req.echo and req.logprobs is not None:
             raise APIError("echo with logprobs needs prompt logprobs, not supported", "echo")
         prompts = self.pre.completion_prompts(req)
+        spec = self.pre.structured.spec(req)
         response_id = f"cmpl-{uuid.uuid4().hex}"
-        jobs = self._jobs(response_id, req, prompts, req.max_tokens, req.logprobs)
+        jobs = self._jobs(response_id, req, prompts, req.max_tokens, req.logprobs, spec)
         echoes = None
         if req.echo:
             texts = [
@@ -136,12 +138,16 @@ class Router:
     def _chat(self, req: ChatCompletionRequest) -> Generation:
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs set to true", "top_logprobs")
-        prompt = self.pre.chat_prompt(req)
+        tool_use = self.pre.structured.tool_use(req)
+        prompt = self.pre.chat_prompt(req, tool_use)
+        spec = self.pre.structured.spec(req, tool_use)
+        parser = tool_use.parser if tool_use is not None else None
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens or req.max_tokens
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
-        jobs = self._jobs(response_id, req, [prompt], max_tokens, logprobs)
-        fmt = ChatFormat(self.pre, req.logprobs)
+        keep = parser is not None and parser.keeps_special_tokens
+        jobs = self._jobs(response_id, req, [prompt], max_tokens, logprobs, spec, keep)
+        fmt = ChatFormat(self.pre, req.logprobs, parser)
         return self._generation(response_id, req, fmt, jobs, [prompt])
 
     def _jobs(
@@ -151,11 +157,15 @@ class Router:
         prompts: list[Prompt],
         max_tokens: int | None,
         logprobs: int | None,
+        spec: StructuredOutputsParams | None = None,
+        keep_special_tokens: bool = False,
     ) -> list[Job]:
         """One job per choice, request ids `<response id>-<choice index>`."""
         jobs = []
         for p_index, prompt in enumerate(prompts):
-            choices = self.pre.sampling(req, prompt, max_tokens, logprobs)
+            choices = self.pre.sampling(
+                req, prompt, max_tokens, logprobs, spec, keep_special_tokens
+            )
             for c_index, sampling in enumerate(choices):
                 rid = f"{response_id}-{p_index * req.n + c_index}"
                 jobs.append(Job(rid, prompt, sampling, req.cache_salt))

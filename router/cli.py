@@ -6,6 +6,18 @@ import argparse
 import os
 
 POLICY_NAMES = ("kv-aware", "prefix-aware", "least-load", "round-robin")
+# tandem.router.structured.TOOL_PARSER_CHOICES, named here so `--help` imports no torch
+TOOL_PARSER_CHOICES = ("auto", "none", "hermes", "llama3_json", "mistral")
+
+
+def add_tool_call_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--tool-call-parser",
+        choices=TOOL_PARSER_CHOICES,
+        default="auto",
+        help="the format the model writes tool calls in (default: found from its chat "
+        "template: <tool_call> hermes, [TOOL_CALLS] mistral, <|python_tag|> llama3_json)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a health check may take before it counts as failed (a busy node on a "
         "busy machine answers late, and is not dead)",
     )
+    add_tool_call_parser(parser)
     parser.add_argument("--log-level", default="info")
 
 

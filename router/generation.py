@@ -187,12 +187,12 @@ class GenerationRunner:
                     break
                 state = gen.states[index]
                 state.add(item)
-                choice = gen.fmt.delta(state, item, not started[index])
+                for choice in gen.fmt.deltas(state, item, not started[index]):
+                    chunk = gen.body([choice], chunk=True)
+                    if gen.include_usage:
+                        chunk["usage"] = None
+                    yield _data(chunk)
                 started[index] = True
-                chunk = gen.body([choice], chunk=True)
-                if gen.include_usage:
-                    chunk["usage"] = None
-                yield _data(chunk)
         except StopAsyncIteration:
             if gen.include_usage:
                 yield _data({**gen.body([], chunk=True), "usage": gen.usage})

@@ -8,6 +8,7 @@ and raises `InvalidRequest` naming the parameter.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from tandem.engine.block_hash import block_extra_keys, hash_blocks
 from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.structured_outputs import StructuredOutputsParams
 from tandem.engine.tokenizer import encode_chat
 from tandem.router.errors import InvalidRequest
 from tandem.router.protocol import (
@@ -24,6 +26,7 @@ from tandem.router.protocol import (
     CompletionRequest,
     SamplingFields,
 )
+from tandem.router.structured import StructuredOutputs, ToolUse
 
 
 @dataclass(frozen=True)
@@ -60,14 +63,22 @@ class ModelLimits:
     vocab_size: int
     max_model_len: int
     block_size: int
+    eos_token_ids: tuple[int, ...] = ()
 
 
 class Preprocessor:
-    """Owns the tokenizer; stateless apart from a cache of single-token strings."""
+    """Owns the tokenizer and the structured-outputs checks (`structured`: compiled
+    grammars, the tool-call parser); otherwise stateless but for a cache of single-token
+    strings."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: ModelLimits) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, limits: ModelLimits, tool_parser: str = "auto"
+    ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
+        self.structured = StructuredOutputs(
+            tokenizer, limits.vocab_size, limits.eos_token_ids, tool_parser
+        )
         self._token_text: dict[int, str] = {}
 
     # -- prompts --------------------------------------------------------------------------
@@ -90,13 +101,13 @@ class Preprocessor:
                 prompts.append(self._prompt(list(item), None, req.cache_salt))
         return prompts
 
-    def chat_prompt(self, req: ChatCompletionRequest) -> Prompt:
-        for name in ("tools", "functions"):
-            if getattr(req, name):
-                raise InvalidRequest(f"{name} are not supported", name)
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise InvalidRequest("only the text response_format is supported", "response_format")
-        ids = self.encode_messages(req.messages, req.add_generation_prompt, req.chat_template)
+    def chat_prompt(self, req: ChatCompletionRequest, tool_use: ToolUse | None = None) -> Prompt:
+        if req.functions:
+            raise InvalidRequest("functions are not supported; use tools", "functions")
+        tools = tool_use.tools if tool_use is not None else None
+        ids = self.encode_messages(
+            req.messages, req.add_generation_prompt, req.chat_template, tools
+        )
         return self._prompt(ids, None, req.cache_salt)
 
     def encode_messages(
@@ -104,13 +115,17 @@ class Preprocessor:
         messages: Sequence[ChatMessage],
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """The conversation rendered by the chat template, tokenized. Raises InvalidRequest."""
+        """The conversation (and its tools) rendered by the chat template, tokenized.
+        Raises InvalidRequest."""
         if not messages:
             raise InvalidRequest("messages must not be empty", "messages")
-        rendered = [{"role": m.role, "content": m.text()} for m in messages]
+        rendered = [template_message(m, i) for i, m in enumerate(messages)]
         try:
-            return encode_chat(self.tokenizer, rendered, add_generation_prompt, chat_template)
+            return encode_chat(
+                self.tokenizer, rendered, add_generation_prompt, chat_template, tools
+            )
         except ValueError as exc:
             raise InvalidRequest(str(exc), "messages") from exc
         except Exception as exc:  # a template error is the request's fault (its messages)
@@ -152,11 +167,19 @@ class Preprocessor:
     # -- sampling -------------------------------------------------------------------------
 
     def sampling(
-        self, req: SamplingFields, prompt: Prompt, max_tokens: int | None, logprobs: int | None
+        self,
+        req: SamplingFields,
+        prompt: Prompt,
+        max_tokens: int | None,
+        logprobs: int | None,
+        structured: StructuredOutputsParams | None = None,
+        keep_special_tokens: bool = False,
     ) -> list[dict[str, Any]]:
-        """One sampling dictionary per choice (`n` of them; choice i seeded `seed + i`).
+        """One sampling dictionary per choice (`n` of them; choice i seeded `seed + i`),
+        each with the request's structured-outputs spec as plain data.
 
-        `max_tokens` None means the rest of the context. Raises InvalidRequest.
+        `max_tokens` None means the rest of the context. `keep_special_tokens` keeps a tool
+        parser's marker in the text. Raises InvalidRequest.
         """
         room = self.limits.max_model_len - len(prompt.token_ids)
         if max_tokens is not None and max_tokens > room:
@@ -167,6 +190,11 @@ class Preprocessor:
                 "max_tokens",
             )
         params = self._params(req, max_tokens or room, logprobs)
+        params = dataclasses.replace(
+            params,
+            structured_outputs=structured,
+            skip_special_tokens=params.skip_special_tokens and not keep_special_tokens,
+        )
         choices = []
         for i in range(req.n):
             seed = None if params.seed is None else _wrap_int64(params.seed + i)
@@ -212,3 +240,43 @@ class Preprocessor:
 
 def _wrap_int64(value: int) -> int:
     return (value + 2**63) % 2**64 - 2**63
+
+
+def template_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    """A message as chat templates take it: an assistant's tool calls with their arguments
+    as objects (templates write them with `tojson`), a tool result with its call's id.
+    Raises InvalidRequest."""
+    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if message.tool_calls:
+        if message.role != "assistant":
+            raise InvalidRequest("only assistant messages carry tool_calls", f"messages.{index}")
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": call.function.name,
+                    "arguments": _arguments(call.function.arguments, index),
+                },
+            }
+            for call in message.tool_calls
+        ]
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise InvalidRequest(
+                "a tool message needs the tool_call_id it answers",
+                f"messages.{index}.tool_call_id",
+            )
+        out["tool_call_id"] = message.tool_call_id
+        if message.name:
+            out["name"] = message.name
+    return out
+
+
+def _arguments(text: str, index: int) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest(
+            f"tool call arguments must be JSON: {exc}", f"messages.{index}.tool_calls"
+        ) from exc

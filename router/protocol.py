@@ -2,16 +2,16 @@
 
 Field names and defaults are OpenAI's (`max_tokens` 16 for completions, none for chat),
 plus vLLM's extras (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`,
-`stop_token_ids`, `skip_special_tokens`, `include_stop_str_in_output`). Unknown fields are
-ignored, as OpenAI-compatible servers do, except the ones whose silent loss would change
-the answer (`tools`, `functions`, a structured `response_format`, `suffix`), which are a 400.
+`stop_token_ids`, `skip_special_tokens`, `include_stop_str_in_output`, `structured_outputs`).
+Unknown fields are ignored, as OpenAI-compatible servers do, except the ones whose silent
+loss would change the answer (`functions`, `suffix`), which are a 400.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 Prompt = str | list[str] | list[int] | list[list[int]]
 
@@ -25,10 +25,23 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant
+    tool_call_id: str | None = None  # tool
 
     def text(self) -> str:
         """The content as one string (text parts joined by newlines, as vLLM does)."""
@@ -37,6 +50,58 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
+
+
+class FunctionDefinition(BaseModel):
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: no arguments
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's `structured_outputs` extra: exactly one of these."""
+
+    json_: dict[str, Any] | bool | str | None = Field(default=None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """The set fields, by the engine's names."""
+        return {k.rstrip("_"): v for k, v in self if v is not None and v is not False}
 
 
 class SamplingFields(BaseModel):
@@ -64,6 +129,8 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     cache_salt: str | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -87,9 +154,10 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     add_generation_prompt: bool = True
     chat_template: str | None = None
-    tools: list[Any] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
 
 class TokenizeRequest(BaseModel):

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.router.preprocess import Preprocessor
+from tandem.router.tool_parsers import ToolParser
+from tandem.router.tool_stream import ToolCallStream, visible_content
 
 
 @dataclass
@@ -27,6 +29,7 @@ class ChoiceState:
     stop_reason: str | int | None = None
     completion_tokens: int = 0
     text_offset: int = 0  # completions: where the next token's text starts
+    tool_stream: ToolCallStream | None = None  # chat with tools, streamed: what was sent
 
     def add(self, record: dict[str, Any]) -> None:
         self.text += record["text"]
@@ -64,17 +67,22 @@ class CompletionFormat:
             "stop_reason": state.stop_reason,
         }
 
-    def delta(self, state: ChoiceState, record: dict[str, Any], first: bool) -> dict[str, Any]:
-        """The part of a streamed choice that `record` adds (`state` already includes it)."""
+    def deltas(
+        self, state: ChoiceState, record: dict[str, Any], first: bool
+    ) -> list[dict[str, Any]]:
+        """The part of a streamed choice that `record` adds (`state` already includes it),
+        as one chunk's choice."""
         prefix = state.prefix if first else ""
         start = state.text_offset + len(prefix)
-        return {
-            "index": state.index,
-            "text": prefix + record["text"],
-            "logprobs": self._logprobs(state, record["logprobs"] or [], start),
-            "finish_reason": record["finish_reason"],
-            "stop_reason": record.get("stop_reason"),
-        }
+        return [
+            {
+                "index": state.index,
+                "text": prefix + record["text"],
+                "logprobs": self._logprobs(state, record["logprobs"] or [], start),
+                "finish_reason": record["finish_reason"],
+                "stop_reason": record.get("stop_reason"),
+            }
+        ]
 
     def _logprobs(
         self, state: ChoiceState, entries: list[dict[str, Any]], start: int
@@ -105,33 +113,79 @@ class CompletionFormat:
 
 
 class ChatFormat:
+    """Chat choices; with a tool parser (the request has tools, `tool_choice` not "none")
+    the reply's calls become `message.tool_calls` (or tool-call deltas) and a reply that
+    stopped with calls has `finish_reason` "tool_calls"."""
+
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, pre: Preprocessor, want_logprobs: bool) -> None:
+    def __init__(
+        self, pre: Preprocessor, want_logprobs: bool, parser: ToolParser | None = None
+    ) -> None:
         self.pre = pre
         self.want_logprobs = want_logprobs
+        self.parser = parser
 
     def choice(self, state: ChoiceState) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": state.text}
+        finish = state.finish_reason
+        if self.parser is not None:
+            parsed = self.parser.parse(state.text, final=True)
+            calls = ToolCallStream(self.parser).message_calls(parsed)
+            content = visible_content(parsed, final=True)
+            message["content"] = (content or None) if calls else content
+            if calls:
+                message["tool_calls"] = calls
+                finish = _with_calls(finish)
         return {
             "index": state.index,
-            "message": {"role": "assistant", "content": state.text},
+            "message": message,
             "logprobs": self._logprobs(state.logprobs),
-            "finish_reason": state.finish_reason,
+            "finish_reason": finish,
             "stop_reason": state.stop_reason,
         }
 
-    def delta(self, state: ChoiceState, record: dict[str, Any], first: bool) -> dict[str, Any]:
-        delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        if record["text"] or first:
-            delta["content"] = record["text"]
-        return {
-            "index": state.index,
-            "delta": delta,
-            "logprobs": self._logprobs(record["logprobs"] or []),
-            "finish_reason": record["finish_reason"],
-            "stop_reason": record.get("stop_reason"),
-        }
+    def deltas(
+        self, state: ChoiceState, record: dict[str, Any], first: bool
+    ) -> list[dict[str, Any]]:
+        """The chunks' choices for what `record` adds (`state` already includes it): one,
+        or with tools one per piece (content, then each call's first delta and argument
+        fragments); the record's logprobs go on the first, its finish on the last."""
+        if self.parser is None:
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            if record["text"] or first:
+                delta["content"] = record["text"]
+            pieces, finish = [delta], record["finish_reason"]
+        else:
+            pieces, finish = self._tool_pieces(state, record, first)
+            if pieces == [{}] and finish is None and not self.want_logprobs:
+                return []  # text held back (a call's start, say): nothing to show yet
+        return [
+            {
+                "index": state.index,
+                "delta": delta,
+                "logprobs": self._logprobs(record["logprobs"] or []) if i == 0 else None,
+                "finish_reason": finish if i == len(pieces) - 1 else None,
+                "stop_reason": record.get("stop_reason") if i == len(pieces) - 1 else None,
+            }
+            for i, delta in enumerate(pieces)
+        ]
+
+    def _tool_pieces(
+        self, state: ChoiceState, record: dict[str, Any], first: bool
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        if state.tool_stream is None:
+            state.tool_stream = ToolCallStream(self.parser)
+        final = record["finish_reason"] is not None
+        content, entries = state.tool_stream.update(state.text, final)
+        head: dict[str, Any] = {"role": "assistant"} if first else {}
+        if content:
+            head["content"] = content
+        pieces = [head] if head or not entries else []
+        pieces += [{"tool_calls": [entry]} for entry in entries]
+        finish = record["finish_reason"]
+        return pieces, _with_calls(finish) if state.tool_stream.call_ids else finish
 
     def _logprobs(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         if not self.want_logprobs:
@@ -146,6 +200,11 @@ class ChatFormat:
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
         text = self.pre.token_text(token_id)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def _with_calls(finish_reason: str | None) -> str | None:
+    """A reply that ended by itself and made calls ends for them (a cut one stays cut)."""
+    return "tool_calls" if finish_reason == "stop" else finish_reason
 
 
 Format = CompletionFormat | ChatFormat

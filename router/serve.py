@@ -17,7 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
-from tandem.router.cli import POLICY_NAMES
+from tandem.router.cli import POLICY_NAMES, add_tool_call_parser
 from tandem.router.supervisor import Child, RestartPolicy, Supervisor
 
 
@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="the router's port")
     parser.add_argument("--host", default="127.0.0.1", help="the router's address")
     parser.add_argument("--policy", choices=POLICY_NAMES, default="kv-aware")
+    add_tool_call_parser(parser)
     parser.add_argument(
         "--remote-prefill-threshold", type=int, default=0, help="0: disaggregate every request"
     )
@@ -107,6 +108,7 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
             children.append(Child(f"{role}-{i}", cmd, url, f"{label} tcp://127.0.0.1:{zmq_port}"))
     router = [*python, "tandem.router", "--model", str(model), "--host", args.host]
     router += ["--port", str(args.port), "--policy", args.policy, "--log-level", args.log_level]
+    router += ["--tool-call-parser", args.tool_call_parser]
     if args.max_model_len is not None:
         router += ["--max-model-len", str(args.max_model_len)]
     router += ["--prefill", *(c.url for c in children if c.name.startswith("prefill"))]
