@@ -12,8 +12,6 @@ machine and each phase's seconds per run.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import signal
 import statistics
 import sys
@@ -24,6 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import describe_host  # bench/machine.py
 
 from tandem.operator.kinds import DEPLOYMENT
 from tests.operator.e2e.cluster import OperatorProc, install
@@ -37,13 +38,6 @@ from tests.operator.e2e.helpers import (
     patch_spec,
     read,
 )
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def timed(until: Callable[[], bool], bound_s: float = 300) -> float:
@@ -105,7 +99,7 @@ def main() -> None:
             "set TANDEM_KUBE_BIN to a folder with etcd, kube-apiserver, kube-controller-manager"
         )
     print(f"command: {' '.join(sys.argv)}")
-    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, {platform.platform()}")
+    print(f"machine: {describe_host()}")
     work = Path(tempfile.mkdtemp(prefix="tandem-operator-bench-"))
     start = time.monotonic()
     plane = ControlPlane(bin_dir, work).start()

@@ -23,7 +23,6 @@ import collections
 import contextlib
 import json
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from machine import describe_host
 from serve import percentiles  # bench/serve.py
 from soak_clients import OUTCOMES, Outcome, Progress, bounded, make_specs, probe_specs, run_load
 from soak_servers import Ledger, Serve, settle, workers_of
@@ -178,7 +178,7 @@ def summarize(args: argparse.Namespace, serve: Serve, run: Run, ledger: Ledger) 
     return {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "serve": " ".join(serve.cmd[2:]),
-        "machine": machine(),
+        "machine": describe_host(),
         "requests": len(outcomes),
         "mix": {
             "streamed": sum(o.stream for o in outcomes),
@@ -216,15 +216,6 @@ def metric_figures(ledger: Ledger, workers: list[dict], router_url: str) -> dict
         "router_worker_restarts": t("tandem_router_worker_restarts_total", "worker_role", router),
         "router_in_flight": t("tandem_router_requests_in_flight", "role", router),
     }
-
-
-def machine() -> str:
-    model = "unknown CPU"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    return f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}"
 
 
 def report(s: dict) -> str:

@@ -17,6 +17,7 @@ from tests.bench_run import run_bench
         ("kernels.py", ["| 64 | 1 |", "| 64 | 2 |", "| 8 | 24 |"]),
         ("decode_step.py", ["| 3 | 40 |"]),
         ("transfer.py", ["| 1 | 0.0625 MiB |", "| 4 | 0.25 MiB |", "TTFT of one disaggregated"]),
+        ("structured.py", ["decode step", "llguidance  tool: get_weather"]),
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):
