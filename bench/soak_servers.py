@@ -9,7 +9,6 @@ import collections
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from tandem.engine.ports import free_port
 
 
 class Serve:
@@ -90,12 +91,6 @@ class Serve:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         return {"exit_code": code, "children_left": left}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- metrics and censuses -------------------------------------------------------------------

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
+from tandem.engine.ports import free_port
 from tandem.router.cli import POLICY_NAMES, add_tool_call_parser
 from tandem.router.supervisor import Child, RestartPolicy, Supervisor
 
@@ -71,12 +71,6 @@ def ensure_model(model: str | None) -> Path:
         print(f"generating a small random model in {path} ...", flush=True)
         make_model(path)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def decode_flags(args: argparse.Namespace) -> list[str]:

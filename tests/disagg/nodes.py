@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,24 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from tandem.engine.ports import free_port
 from tests.bounds import HANG_S, PROCESS_S
-
-
-def free_port() -> int:
-    """A port for a server started next. Merely closing a bound socket would leave the port
-    free for anyone: the kernel may hand it to another bind(0) or to an outgoing connection
-    (the tests make many) before the server binds it. So it is left in TIME_WAIT by a
-    connection of our own: for about a minute the kernel gives it to no one else, while
-    servers that bind with SO_REUSEADDR (uvicorn, ZMQ) still can."""
-    with socket.socket() as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1)
-        port = listener.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port)):
-            accepted, _ = listener.accept()
-            accepted.close()  # closed first, this side (our port) keeps the TIME_WAIT
-    return port
 
 
 class Proc:
@@ -58,8 +41,18 @@ class Proc:
         """Variables added to this process's environment."""
         return {}
 
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"{self.name}-{self.http_port}.log"
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of this process's output, for an error that says why it stopped."""
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return "(no log)"
+
     def start(self) -> Proc:
-        log = open(self.log_dir / f"{self.name}-{self.http_port}.log", "ab")  # noqa: SIM115
+        log = open(self.log_path, "ab")  # noqa: SIM115
         env = {**os.environ, "OMP_NUM_THREADS": "1", **self.environment()}
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
@@ -69,7 +62,9 @@ class Proc:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}")
+                raise RuntimeError(
+                    f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}"
+                )
             try:
                 # a probe: one that times out is simply tried again
                 r = httpx.get(f"{self.url}{self.ready_path}", timeout=2)
