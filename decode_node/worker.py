@@ -192,6 +192,7 @@ class DecodeWorker:
             for request in out.scheduled:
                 self._mark_admitted(request)
             result = self.core.runner.execute(out)
+            self.core.metrics.observe_step(out)
             scheduler.update_from_output(out, result)  # finished ones are seen below
             for request, token in zip(out.scheduled, result.sampled_token_ids):
                 if token is not None:

@@ -147,6 +147,7 @@ class Dispatcher:
                     if not line:
                         continue
                     record = json.loads(line)
+                    record["received_at"] = time.monotonic()  # phase metrics: off the wire
                     _count(-1, prefill_state)  # the prefill part is over
                     prefill_state = None
                     finished = record["finish_reason"] is not None

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import APIError, TooManyRequests
 from tandem.router.metrics import RouterMetrics
+from tandem.router.phase_metrics import ChoiceClock
 from tandem.router.responses import ChoiceState, Format, usage
 
 _END = object()
@@ -55,8 +56,19 @@ class Generation:
         }
 
     @property
-    def usage(self) -> dict[str, int]:
-        return usage(self.num_prompt_tokens, sum(s.completion_tokens for s in self.states))
+    def usage(self) -> dict[str, Any]:
+        completion = sum(s.completion_tokens for s in self.states)
+        return usage(self.num_prompt_tokens, completion, self.num_cached_tokens)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens found in a prefix cache, counted once per prompt (its `n` choices
+        share it; each says what its decode node found)."""
+        per_prompt: dict[int, int] = {}
+        for job, state in zip(self.jobs, self.states):
+            key = id(job.prompt)
+            per_prompt[key] = max(per_prompt.get(key, 0), state.cached_tokens)
+        return sum(per_prompt.values())
 
 
 class GenerationRunner:
@@ -142,12 +154,16 @@ class GenerationRunner:
         first_token = True
 
         async def run(index: int, job: Job) -> None:
+            clock, failed = ChoiceClock(time.monotonic()), False
             try:
                 async for record in self.dispatcher.records(job, buffered):
+                    clock.on_record(record)
                     await queue.put((index, record))
             except APIError as exc:
+                failed = True
                 await queue.put((index, exc))
             finally:
+                self.metrics.phases.observe(clock, failed)
                 await queue.put((index, _END))
 
         tasks = [asyncio.create_task(run(i, job)) for i, job in enumerate(gen.jobs)]
