@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from tandem.decode_node.prefill_client import PrefillClient
 from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
+from tandem.engine import request_log
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import NodeCore, NodeIdentity, configure_process, engine_args_from
 from tandem.engine.node_loop import NodeLoop
@@ -99,9 +100,11 @@ def add_decode_routes(server: NodeServer) -> None:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict] = asyncio.Queue()
         worker: DecodeWorker = server.worker.worker
-        inp = GenerateInput(**body.model_dump())
+        log_id = request_log.clean(http.headers.get(request_log.HEADER))
+        inp = GenerateInput(**body.model_dump(), log_id=log_id)
         try:
-            await server.call(lambda: worker.add(inp, _sink(loop, queue)))
+            with request_log.request_context(log_id):
+                await server.call(lambda: worker.add(inp, _sink(loop, queue)))
         except ValueError as exc:
             return error_body(str(exc), 400)
         return StreamingResponse(

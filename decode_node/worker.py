@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from tandem.decode_node.prefill_client import PrefillClient
+from tandem.engine import request_log
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.kv_transfer import (
     AbortAck,
@@ -76,6 +77,7 @@ class GenerateInput:
     prefill: str | None = None
     prefill_alternates: list[str] = field(default_factory=list)
     cache_salt: str | None = None
+    log_id: str | None = None  # the client's request id (x-request-id), for log lines
 
 
 @dataclass
@@ -92,6 +94,7 @@ class Stream:
     last_token: float | None = None
     sent: float = 0.0  # when the current remote attempt was sent
     timings: dict[str, float] | None = None  # remote prefill breakdown, on the first record
+    log_id: str | None = None
 
 
 class DecodeWorker:
@@ -152,8 +155,13 @@ class DecodeWorker:
             dataclasses.asdict(params),
             [a for a in inp.prefill_alternates if a != inp.prefill],
             time.monotonic(),
+            log_id=inp.log_id,
         )
         self.core.scheduler.add_request(request)
+        logger.info(
+            "request %s: queued, %d prompt tokens, prefill %s",
+            inp.request_id, len(inp.token_ids), inp.prefill,
+        )  # fmt: skip
 
     def abort(self, request_id: str) -> bool:
         """Abort wherever the request is; False if it is unknown or already finished."""
@@ -240,6 +248,11 @@ class DecodeWorker:
 
     def _send_prefill(self, request: Request) -> None:
         stream = self.streams[request.request_id]
+        with request_log.request_context(stream.log_id):
+            self._send_prefill_to(stream)
+
+    def _send_prefill_to(self, stream: Stream) -> None:
+        request = stream.request
         worker = request.prefill_worker
         msg = PrefillRequest(
             request_id=request.request_id,
@@ -252,6 +265,10 @@ class DecodeWorker:
             deadline_s=self.options.prefill_timeout_s,
             sent_at=time.time(),
             cache_salt=request.cache_salt,
+            log_id=stream.log_id,
+        )
+        logger.info(
+            "request %s: remote prefill attempt %d on %s", msg.request_id, msg.attempt, worker
         )
         stream.tried.append(worker)
         stream.sent = time.monotonic()
@@ -283,6 +300,10 @@ class DecodeWorker:
 
     def _fall_back(self, stream: Stream, reason: str, detail: str) -> None:
         """Retry on another worker once, then recompute here or fail, per the policy."""
+        with request_log.request_context(stream.log_id):
+            self._fall_back_now(stream, reason, detail)
+
+    def _fall_back_now(self, stream: Stream, reason: str, detail: str) -> None:
         request = stream.request
         m = self.core.metrics
         m.child(m.prefill_fallbacks, reason=reason).inc()
@@ -377,6 +398,10 @@ class DecodeWorker:
 
     def _finish(self, stream: Stream, tokens: list[int] = (), error: str | None = None) -> None:
         """Send the final record (with `tokens`, not streamed yet) and forget the stream."""
+        with request_log.request_context(stream.log_id):
+            self._finish_now(stream, list(tokens), error)
+
+    def _finish_now(self, stream: Stream, tokens: list[int], error: str | None) -> None:
         request = stream.request
         del self.streams[request.request_id]
         stream.detok.flush()
@@ -387,6 +412,10 @@ class DecodeWorker:
         m.child(m.e2e).observe(time.monotonic() - stream.arrival)
         m.child(m.request_success, finish_reason=record["finish_reason"]).inc()
         m.child(m.prompt_tokens).inc(request.num_prompt_tokens)
+        logger.info(
+            "request %s: finished (%s), %d tokens",
+            request.request_id, record["finish_reason"], request.num_output_tokens,
+        )  # fmt: skip
         stream.sink(record)
 
     def _record(self, stream: Stream, tokens: list[int], finished: bool = False) -> dict:

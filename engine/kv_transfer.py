@@ -73,6 +73,7 @@ class PrefillRequest(msgspec.Struct, frozen=True, tag="prefill"):
     deadline_s: float
     sent_at: float  # wall clock: a message older than its deadline is refused
     cache_salt: str | None = None
+    log_id: str | None = None  # the client's request id, for log lines (engine.request_log)
 
 
 class AbortPrefill(msgspec.Struct, frozen=True, tag="abort"):

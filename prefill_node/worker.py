@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import msgspec
 import torch
 
+from tandem.engine import request_log
 from tandem.engine.kv_transfer import (
     AbortAck,
     AbortPrefill,
@@ -73,6 +74,10 @@ class PrefillWorker:
     # -- messages -------------------------------------------------------------------------
 
     def submit(self, peer: bytes, msg: PrefillRequest) -> None:
+        with request_log.request_context(msg.log_id):
+            self._submit(peer, msg)
+
+    def _submit(self, peer: bytes, msg: PrefillRequest) -> None:
         key = remote_hold_key(msg.request_id, msg.attempt)
         try:
             request = self._make_request(key, msg)
@@ -83,6 +88,10 @@ class PrefillWorker:
         now = time.monotonic()
         self.jobs[key] = Job(msg, peer, request, now + msg.deadline_s, now, msg.skip_blocks)
         self.core.scheduler.add_request(request)
+        logger.info(
+            "prefill %s: received, %d tokens, %d blocks to write",
+            key, len(msg.token_ids), len(msg.dst_block_ids),
+        )  # fmt: skip
 
     def abort(self, peer: bytes, msg: AbortPrefill) -> None:
         job = self.jobs.get(remote_hold_key(msg.request_id, msg.attempt))
@@ -169,7 +178,8 @@ class PrefillWorker:
         failed = {}
         for request, n in zip(out.scheduled, out.num_scheduled_tokens):
             job = self.jobs[request.request_id]
-            reason = self._post_ready(job, request.num_computed_tokens + n, kv_written)
+            with request_log.request_context(job.msg.log_id):
+                reason = self._post_ready(job, request.num_computed_tokens + n, kv_written)
             if reason is not None:
                 failed[job.key] = reason
         return failed
@@ -177,15 +187,19 @@ class PrefillWorker:
     def poll(self) -> None:
         """Advance in-flight writes; settle every job with none left."""
         for job in list(self.jobs.values()):
-            for transfer, hold in list(job.transfers):
-                state = self.core.agent.poll(transfer)
-                if state == "PROC":
-                    continue
-                job.transfers.remove((transfer, hold))
-                self.core.kv.release(hold)
-                self._account(transfer, job)
-            if not job.transfers:
-                self._settle(job)
+            with request_log.request_context(job.msg.log_id):
+                self._poll_job(job)
+
+    def _poll_job(self, job: Job) -> None:
+        for transfer, hold in list(job.transfers):
+            state = self.core.agent.poll(transfer)
+            if state == "PROC":
+                continue
+            job.transfers.remove((transfer, hold))
+            self.core.kv.release(hold)
+            self._account(transfer, job)
+        if not job.transfers:
+            self._settle(job)
 
     @property
     def busy(self) -> bool:
@@ -259,6 +273,7 @@ class PrefillWorker:
             )
             try:
                 self.core.agent.notify(msg.agent.name, encode(done))
+                logger.info("prefill %s: done, %d blocks written", job.key, done.num_blocks)
             except Exception as exc:  # NIXL raises when the remote agent is unreachable
                 # Every write has landed, so the decode node may reuse its blocks: tell it
                 # now rather than let it wait out its prefill deadline.
@@ -273,7 +288,10 @@ class PrefillWorker:
         now = time.monotonic()
         for job in list(self.jobs.values()):
             if job.ended is None and job.done is None and now > job.deadline:
-                logger.warning("prefill %s: deadline passed before the prompt was done", job.key)
+                with request_log.request_context(job.msg.log_id):
+                    logger.warning(
+                        "prefill %s: deadline passed before the prompt was done", job.key
+                    )
                 self._end(job, "deadline")
 
     def _done_message(self, job: Job) -> PrefillDone:

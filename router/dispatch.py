@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from tandem.engine import request_log
 from tandem.router.errors import APIError, InvalidRequest, Unavailable, UpstreamFailed
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
@@ -140,8 +141,16 @@ class Dispatcher:
         prefill_state = self.pool.workers.get(prefill.url) if prefill else None
         _count(+1, decode_state, prefill_state)
         finished = False
+        logger.info(
+            "request %s: decode %s, prefill %s", job.request_id, decode.url,
+            prefill.url if prefill else None,
+        )  # fmt: skip
+        request_id = request_log.current()
+        headers = {request_log.HEADER: request_id} if request_id else None
         try:
-            async with self.http.stream("POST", f"{decode.url}/generate", json=body) as r:
+            async with self.http.stream(
+                "POST", f"{decode.url}/generate", json=body, headers=headers
+            ) as r:
                 await self._check_status(r)
                 async for line in r.aiter_lines():
                     if not line:

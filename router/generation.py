@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +27,8 @@ from tandem.router.errors import APIError, TooManyRequests
 from tandem.router.metrics import RouterMetrics
 from tandem.router.phase_metrics import ChoiceClock
 from tandem.router.responses import ChoiceState, Format, usage
+
+logger = logging.getLogger(__name__)
 
 _END = object()
 
@@ -164,6 +167,8 @@ class GenerationRunner:
                 await queue.put((index, exc))
             finally:
                 self.metrics.phases.observe(clock, failed)
+                reason = "error" if failed else clock.finish_reason or "abort"
+                logger.info("request %s: %s", job.request_id, reason)
                 await queue.put((index, _END))
 
         tasks = [asyncio.create_task(run(i, job)) for i, job in enumerate(gen.jobs)]

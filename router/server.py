@@ -11,6 +11,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from tandem.engine.config import ModelConfig
+from tandem.engine.request_log import configure_logging
 from tandem.engine.tokenizer import load_tokenizer
 from tandem.router.app import Router, RouterOptions
 from tandem.router.discovery import EndpointSliceDiscovery, StaticDiscovery
@@ -53,7 +54,7 @@ def _discovery(args: argparse.Namespace) -> Discovery:
 
 
 def run(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    configure_logging(args.log_level)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per health check otherwise
     router = build_router(args)
     logger.info("router for %s, policy %s", router.pre.limits.name, args.policy)

@@ -1,0 +1,90 @@
+"""One request followed through real router, decode and prefill processes (HTTP, ZMQ,
+NIXL): its `x-request-id` in the response header and in every log line each process writes
+about it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.bounds import HANG_S
+from tests.disagg.nodes import Node, running, wait_until
+from tests.router.conftest import RouterProc
+
+FLAGS = ("--max-model-len", "256", "--num-kv-blocks", "64", "--log-level", "info")
+
+
+@pytest.fixture(scope="module")
+def trio(llama_dir, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("request-logs")
+    p = Node("prefill", llama_dir, logs, *FLAGS)
+    d = Node("decode", llama_dir, logs, *FLAGS)
+    with running({"p": p, "d": d}) as nodes:
+        router = RouterProc(llama_dir, logs, [p.url], [d.url], "--log-level", "info")
+        try:
+            router.start().wait_ready()
+            assert wait_until(lambda: httpx.get(f"{router.url}/health").status_code == 200)
+            yield {**nodes, "router": router}
+        finally:
+            router.stop()
+
+
+def log_of(proc) -> str:
+    return next(Path(proc.log_dir).glob(f"{proc.name}-{proc.http_port}.log")).read_text()
+
+
+def complete(router: RouterProc, headers: dict[str, str]) -> httpx.Response:
+    body = {"model": "llama", "prompt": "A tale of two cities " * 3, "max_tokens": 3}
+    r = httpx.post(f"{router.url}/v1/completions", json=body, headers=headers, timeout=HANG_S)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def lines_about(text: str, request_id: str) -> list[str]:
+    return [line for line in text.splitlines() if request_id in line]
+
+
+def test_the_clients_request_id_is_echoed_and_in_every_processs_log_lines(trio):
+    r = complete(trio["router"], {"x-request-id": "client-abc-123"})
+    assert r.headers["x-request-id"] == "client-abc-123"
+    internal = f"{r.json()['id']}-0"  # the choice's id downstream: unique, not the client's
+    tagged = "[client-abc-123]"
+    expected = {
+        "router": ("request {id}: decode", "request {id}: length"),
+        "d": ("request {id}: queued", "request {id}: remote prefill attempt 1",
+              "request {id}: finished (length)"),
+        "p": ("prefill {id}@1: received", "prefill {id}@1: done"),
+    }  # fmt: skip
+    for name, messages in expected.items():
+        proc = trio[name]
+
+        def logged(proc=proc, messages=messages) -> bool:
+            text = log_of(proc)
+            return all(m.format(id=internal) in text for m in messages)
+
+        assert wait_until(logged), (name, log_of(proc)[-2000:])
+        about = lines_about(log_of(proc), internal)
+        assert len(about) >= len(messages)
+        assert all(tagged in line for line in about), (name, about)
+    # a line about no request carries no id
+    assert re.search(r"\[-\] .*engine ready", log_of(trio["d"]))
+
+
+def test_without_a_client_id_the_router_makes_one_and_names_the_response_after_it(trio):
+    r = complete(trio["router"], {})
+    request_id = r.headers["x-request-id"]
+    assert r.json()["id"] == f"cmpl-{request_id}"
+    internal = f"cmpl-{request_id}-0"
+    assert wait_until(lambda: f"request {internal}: finished" in log_of(trio["d"]))
+    for name in ("router", "d", "p"):
+        about = lines_about(log_of(trio[name]), internal)
+        assert about and all(f"[{request_id}]" in line for line in about), (name, about)
+
+
+def test_an_unusable_client_id_is_replaced(trio):
+    r = complete(trio["router"], {"x-request-id": "has spaces in it"})
+    assert r.headers["x-request-id"] != "has spaces in it"
+    assert r.json()["id"] == f"cmpl-{r.headers['x-request-id']}"
