@@ -27,7 +27,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from tandem.decode_node.prefill_client import PrefillClient
-from tandem.engine import request_log
+from tandem.engine import request_log, tracing
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.kv_transfer import (
     AbortAck,
@@ -44,6 +44,7 @@ from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampler import skip_draw
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import RemoteHold, remote_hold_key
+from tandem.engine.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class GenerateInput:
     prefill_alternates: list[str] = field(default_factory=list)
     cache_salt: str | None = None
     log_id: str | None = None  # the client's request id (x-request-id), for log lines
+    trace: dict[str, str] = field(default_factory=dict)  # W3C context of the router's span
 
 
 @dataclass
@@ -95,6 +97,8 @@ class Stream:
     sent: float = 0.0  # when the current remote attempt was sent
     timings: dict[str, float] | None = None  # remote prefill breakdown, on the first record
     log_id: str | None = None
+    span: Any = None  # the request's span, None when tracing is off
+    remote_span: Any = None  # the current remote prefill attempt's
 
 
 class DecodeWorker:
@@ -106,11 +110,13 @@ class DecodeWorker:
         client: PrefillClient,
         tokenizer: PreTrainedTokenizerBase,
         options: DecodeOptions,
+        traces: Tracing | None = None,
     ) -> None:
         self.core = core
         self.client = client
         self.tokenizer = tokenizer
         self.options = options
+        self.traces = traces or Tracing.off()
         self.streams: dict[str, Stream] = {}
         self.hold_deadlines: dict[str, float] = {}
         self.unconfirmed: dict[str, RemoteHold] = {}  # same keys: the aborts to resend
@@ -156,12 +162,22 @@ class DecodeWorker:
             [a for a in inp.prefill_alternates if a != inp.prefill],
             time.monotonic(),
             log_id=inp.log_id,
+            span=self._request_span(inp),
         )
         self.core.scheduler.add_request(request)
         logger.info(
             "request %s: queued, %d prompt tokens, prefill %s",
             inp.request_id, len(inp.token_ids), inp.prefill,
         )  # fmt: skip
+
+    def _request_span(self, inp: GenerateInput) -> Any:
+        """The request's span here, a child of the router's (None when tracing is off)."""
+        attributes = {
+            "tandem.request_id": inp.log_id,
+            "tandem.choice_id": inp.request_id,
+            "tandem.prompt_tokens": len(inp.token_ids),
+        }
+        return self.traces.start("tandem.decode.request", inp.trace, **attributes)
 
     def abort(self, request_id: str) -> bool:
         """Abort wherever the request is; False if it is unknown or already finished."""
@@ -266,6 +282,7 @@ class DecodeWorker:
             sent_at=time.time(),
             cache_salt=request.cache_salt,
             log_id=stream.log_id,
+            trace=self._remote_span(stream, request, worker),
         )
         logger.info(
             "request %s: remote prefill attempt %d on %s", msg.request_id, msg.attempt, worker
@@ -279,8 +296,20 @@ class DecodeWorker:
             # blocks need no hold until a confirmation that will never come.
             self._release_hold(remote_hold_key(msg.request_id, msg.attempt))
 
+    def _remote_span(self, stream: Stream, request: Request, worker: str) -> dict[str, str]:
+        """Start the attempt's span (its context goes to the prefill node)."""
+        tracing.end(stream.remote_span)  # a previous attempt's, if it never ended
+        stream.remote_span = self.traces.start(
+            "tandem.decode.remote_prefill", tracing.carrier(stream.span),
+            **{"tandem.request_id": stream.log_id, "tandem.attempt": request.num_remote_attempts,
+               "tandem.prefill_worker": worker},
+        )  # fmt: skip
+        return tracing.carrier(stream.remote_span) or None
+
     def _complete_remote(self, stream: Stream, done: PrefillDone) -> None:
         request = stream.request
+        tracing.end(stream.remote_span, **{"tandem.kv_blocks": done.num_blocks})
+        stream.remote_span = None
         m = self.core.metrics
         m.child(m.transfer_seconds).observe(done.transfer_s)
         m.child(m.transfer_bytes).inc(done.num_bytes)
@@ -305,6 +334,8 @@ class DecodeWorker:
 
     def _fall_back_now(self, stream: Stream, reason: str, detail: str) -> None:
         request = stream.request
+        tracing.end(stream.remote_span, **{"tandem.fallback": reason})
+        stream.remote_span = None
         m = self.core.metrics
         m.child(m.prefill_fallbacks, reason=reason).inc()
         untried = [w for w in stream.alternates if w not in stream.tried]
@@ -415,6 +446,12 @@ class DecodeWorker:
         logger.info(
             "request %s: finished (%s), %d tokens",
             request.request_id, record["finish_reason"], request.num_output_tokens,
+        )  # fmt: skip
+        tracing.end(stream.remote_span, **{"tandem.fallback": "request_ended"})
+        tracing.end(
+            stream.span, **{"tandem.finish_reason": record["finish_reason"], "tandem.error": error,
+            "tandem.completion_tokens": request.num_output_tokens,
+            "tandem.cached_tokens": request.num_cached_tokens},
         )  # fmt: skip
         stream.sink(record)
 

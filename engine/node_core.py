@@ -23,6 +23,7 @@ from tandem.engine.model_runner import ModelRunner
 from tandem.engine.request_log import configure_logging
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.tokenizer import load_tokenizer
+from tandem.engine.tracing import add_tracing_argument
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--log-level", default="info")
+    add_tracing_argument(parser)
 
 
 def configure_process(args: argparse.Namespace) -> None:

@@ -17,11 +17,12 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import torch
 
-from tandem.engine import request_log
+from tandem.engine import request_log, tracing
 from tandem.engine.kv_transfer import (
     AbortAck,
     AbortPrefill,
@@ -37,6 +38,7 @@ from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import SchedulerOutput, remote_hold_key
 from tandem.engine.step_event import StepEvent
+from tandem.engine.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,8 @@ class Job:
     ended: str | None = None  # "abort" or a failure reason
     first_write: float | None = None
     scheduled: bool = False
+    span: Any = None  # the job's span and its KV transfer's (None when tracing is off)
+    transfer_span: Any = None
 
     @property
     def key(self) -> str:
@@ -65,9 +69,10 @@ class Job:
 class PrefillWorker:
     """Owns the jobs; `reply` sends a control message to a decode node's ZMQ identity."""
 
-    def __init__(self, core: NodeCore, reply: Reply) -> None:
+    def __init__(self, core: NodeCore, reply: Reply, traces: Tracing | None = None) -> None:
         self.core = core
         self.reply = reply
+        self.traces = traces or Tracing.off()
         self.jobs: dict[str, Job] = {}
         self._xfers = 0
 
@@ -86,7 +91,13 @@ class PrefillWorker:
             self.reply(peer, PrefillFailed(msg.request_id, msg.attempt, f"invalid: {exc}"))
             return
         now = time.monotonic()
-        self.jobs[key] = Job(msg, peer, request, now + msg.deadline_s, now, msg.skip_blocks)
+        job = Job(msg, peer, request, now + msg.deadline_s, now, msg.skip_blocks)
+        job.span = self.traces.start(
+            "tandem.prefill.request", msg.trace, **{"tandem.request_id": msg.log_id,
+            "tandem.choice_id": msg.request_id, "tandem.attempt": msg.attempt,
+            "tandem.prompt_tokens": len(msg.token_ids)},
+        )  # fmt: skip
+        self.jobs[key] = job
         self.core.scheduler.add_request(request)
         logger.info(
             "prefill %s: received, %d tokens, %d blocks to write",
@@ -236,7 +247,12 @@ class PrefillWorker:
             logger.warning("prefill %s: write failed: %s", job.key, exc)
             self.core.metrics.child(self.core.metrics.transfer_failures, reason="post").inc()
             return "transfer"
-        job.first_write = job.first_write or transfer.started
+        if job.first_write is None:
+            job.first_write = transfer.started
+            job.transfer_span = self.traces.start(
+                "tandem.prefill.kv_transfer", tracing.carrier(job.span),
+                **{"tandem.request_id": job.msg.log_id},
+            )  # fmt: skip
         job.num_posted = ready
         job.transfers.append((transfer, hold))
         return None
@@ -282,6 +298,8 @@ class PrefillWorker:
                 self.reply(job.peer, PrefillFailed(msg.request_id, msg.attempt, "notify"))
         else:
             return  # still computing
+        tracing.end(job.transfer_span, **{"tandem.kv_blocks": len(msg.dst_block_ids)})
+        tracing.end(job.span, **{"tandem.outcome": job.ended or "done"})
         del self.jobs[job.key]
 
     def _expire(self) -> None:

@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tandem.engine import request_log
 from tandem.engine.node_server import add_validation_handler
 from tandem.engine.structured_outputs import StructuredOutputsParams
+from tandem.engine.tracing import Tracing
 from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import APIError, ModelNotFound, Unauthorized
 from tandem.router.generation import Generation, GenerationRunner
@@ -60,8 +61,10 @@ class Router:
         discovery: Discovery,
         metrics: RouterMetrics,
         options: RouterOptions,
+        tracing: Tracing | None = None,
     ) -> None:
         self.pre = pre
+        self.tracing = tracing or Tracing.off()
         self.policy = policy
         self.discovery = discovery
         self.metrics = metrics
@@ -88,7 +91,9 @@ class Router:
                 self.pool, self.index, self.policy, http, self.metrics,
                 self.pre.limits.block_size, self.options.max_attempts,
             )  # fmt: skip
-            self.runner = GenerationRunner(self.dispatcher, self.metrics, self.options.max_inflight)
+            self.runner = GenerationRunner(
+                self.dispatcher, self.metrics, self.options.max_inflight, self.tracing
+            )
             self.monitor = WorkerMonitor(
                 self.pool, self.index, self.discovery, http, self.options.health_interval_s,
                 self.metrics, self.options.health_timeout_s,

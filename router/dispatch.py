@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from tandem.engine import request_log
+from tandem.engine import request_log, tracing
 from tandem.router.errors import APIError, InvalidRequest, Unavailable, UpstreamFailed
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
@@ -146,7 +146,9 @@ class Dispatcher:
             prefill.url if prefill else None,
         )  # fmt: skip
         request_id = request_log.current()
-        headers = {request_log.HEADER: request_id} if request_id else None
+        headers = tracing.current_carrier()  # the choice's span: the decode node's parent
+        if request_id:
+            headers[request_log.HEADER] = request_id
         try:
             async with self.http.stream(
                 "POST", f"{decode.url}/generate", json=body, headers=headers

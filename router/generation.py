@@ -22,6 +22,8 @@ from typing import Any
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tandem.engine import request_log, tracing
+from tandem.engine.tracing import Tracing
 from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import APIError, TooManyRequests
 from tandem.router.metrics import RouterMetrics
@@ -77,10 +79,17 @@ class Generation:
 class GenerationRunner:
     """Runs generations; at most `max_inflight` at once (the rest get a 429)."""
 
-    def __init__(self, dispatcher: Dispatcher, metrics: RouterMetrics, max_inflight: int) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        metrics: RouterMetrics,
+        max_inflight: int,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.max_inflight = max_inflight
+        self.tracing = tracing or Tracing.off()
         self.inflight = 0
 
     async def respond(
@@ -155,21 +164,30 @@ class GenerationRunner:
         queue: asyncio.Queue = asyncio.Queue()
         start = time.monotonic()
         first_token = True
+        request_id = request_log.current()
+        root = self.tracing.start(
+            "tandem.router.request", None, **{"tandem.request_id": request_id,
+            "tandem.response_id": gen.response_id, "tandem.num_choices": len(gen.jobs)},
+        )  # fmt: skip
+        parent = tracing.carrier(root)
 
         async def run(index: int, job: Job) -> None:
             clock, failed = ChoiceClock(time.monotonic()), False
-            try:
-                async for record in self.dispatcher.records(job, buffered):
-                    clock.on_record(record)
-                    await queue.put((index, record))
-            except APIError as exc:
-                failed = True
-                await queue.put((index, exc))
-            finally:
-                self.metrics.phases.observe(clock, failed)
-                reason = "error" if failed else clock.finish_reason or "abort"
-                logger.info("request %s: %s", job.request_id, reason)
-                await queue.put((index, _END))
+            attrs = {"tandem.request_id": request_id, "tandem.choice_id": job.request_id}
+            with self.tracing.span("tandem.router.choice", parent, **attrs) as span:
+                try:
+                    async for record in self.dispatcher.records(job, buffered):
+                        clock.on_record(record)
+                        await queue.put((index, record))
+                except APIError as exc:
+                    failed = True
+                    await queue.put((index, exc))
+                finally:
+                    self.metrics.phases.observe(clock, failed)
+                    reason = "error" if failed else clock.finish_reason or "abort"
+                    logger.info("request %s: %s", job.request_id, reason)
+                    _annotate(span, clock, reason)
+                    await queue.put((index, _END))
 
         tasks = [asyncio.create_task(run(i, job)) for i, job in enumerate(gen.jobs)]
         try:
@@ -187,6 +205,7 @@ class GenerationRunner:
         finally:
             for task in tasks:
                 task.cancel()
+            tracing.end(root)
 
     def _observe_done(self, gen: Generation, start: float) -> None:
         m = self.metrics
@@ -239,6 +258,17 @@ class _Stream(StreamingResponse):
             with contextlib.suppress(RuntimeError):  # already closed by its own end
                 await self.events.aclose()
             self.on_close()
+
+
+def _annotate(span, clock: ChoiceClock, reason: str) -> None:
+    """The choice's outcome and phases on its span (None: tracing is off)."""
+    if span is None:
+        return
+    span.set_attribute("tandem.finish_reason", reason)
+    if clock.usage is not None:
+        span.set_attribute("tandem.completion_tokens", clock.usage["completion_tokens"])
+    for phase, seconds in clock.phases().items():
+        span.set_attribute(f"tandem.phase.{phase}_s", seconds)
 
 
 def _data(obj: dict[str, Any]) -> str:

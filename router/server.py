@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from tandem.engine.config import ModelConfig
 from tandem.engine.request_log import configure_logging
 from tandem.engine.tokenizer import load_tokenizer
+from tandem.engine.tracing import Tracing
 from tandem.router.app import Router, RouterOptions
 from tandem.router.discovery import EndpointSliceDiscovery, StaticDiscovery
 from tandem.router.metrics import RouterMetrics
@@ -40,7 +41,8 @@ def build_router(args: argparse.Namespace) -> Router:
         args.health_timeout,
     )
     metrics = RouterMetrics(CollectorRegistry(), name, pod)
-    return Router(pre, POLICIES[args.policy], _discovery(args), metrics, options)
+    tracing = Tracing("tandem-router", args.otlp_traces_endpoint)
+    return Router(pre, POLICIES[args.policy], _discovery(args), metrics, options, tracing)
 
 
 def _discovery(args: argparse.Namespace) -> Discovery:
@@ -61,4 +63,7 @@ def run(args: argparse.Namespace) -> None:
     config = uvicorn.Config(
         router.app, host=args.host, port=args.port, log_level=args.log_level, access_log=False
     )
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        router.tracing.shutdown()

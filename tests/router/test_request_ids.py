@@ -1,6 +1,7 @@
 """One request followed through real router, decode and prefill processes (HTTP, ZMQ,
 NIXL): its `x-request-id` in the response header and in every log line each process writes
-about it."""
+about it, and its OpenTelemetry spans, exported by each process over OTLP/HTTP to a
+receiver in the test, forming one connected trace."""
 
 from __future__ import annotations
 
@@ -13,17 +14,35 @@ import pytest
 from tests.bounds import HANG_S
 from tests.disagg.nodes import Node, running, wait_until
 from tests.router.conftest import RouterProc
+from tests.router.otlp_receiver import OTLPReceiver
 
 FLAGS = ("--max-model-len", "256", "--num-kv-blocks", "64", "--log-level", "info")
 
 
 @pytest.fixture(scope="module")
-def trio(llama_dir, tmp_path_factory):
+def receiver():
+    with OTLPReceiver() as receiver:
+        yield receiver
+
+
+class Traced(Node):
+    def environment(self) -> dict[str, str]:
+        return {"OTEL_BSP_SCHEDULE_DELAY": "100"}  # export spans within 0.1 s
+
+
+class TracedRouter(RouterProc):
+    def environment(self) -> dict[str, str]:
+        return {"OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+
+@pytest.fixture(scope="module")
+def trio(llama_dir, tmp_path_factory, receiver):
     logs = tmp_path_factory.mktemp("request-logs")
-    p = Node("prefill", llama_dir, logs, *FLAGS)
-    d = Node("decode", llama_dir, logs, *FLAGS)
+    otlp = ("--otlp-traces-endpoint", receiver.endpoint)
+    p = Traced("prefill", llama_dir, logs, *FLAGS, *otlp)
+    d = Traced("decode", llama_dir, logs, *FLAGS, *otlp)
     with running({"p": p, "d": d}) as nodes:
-        router = RouterProc(llama_dir, logs, [p.url], [d.url], "--log-level", "info")
+        router = TracedRouter(llama_dir, logs, [p.url], [d.url], "--log-level", "info", *otlp)
         try:
             router.start().wait_ready()
             assert wait_until(lambda: httpx.get(f"{router.url}/health").status_code == 200)
@@ -88,3 +107,38 @@ def test_an_unusable_client_id_is_replaced(trio):
     r = complete(trio["router"], {"x-request-id": "has spaces in it"})
     assert r.headers["x-request-id"] != "has spaces in it"
     assert r.json()["id"] == f"cmpl-{r.headers['x-request-id']}"
+
+
+SPANS = {
+    "tandem.router.request": ("tandem-router", None),
+    "tandem.router.choice": ("tandem-router", "tandem.router.request"),
+    "tandem.decode.request": ("tandem-decode", "tandem.router.choice"),
+    "tandem.decode.remote_prefill": ("tandem-decode", "tandem.decode.request"),
+    "tandem.prefill.request": ("tandem-prefill", "tandem.decode.remote_prefill"),
+    "tandem.prefill.kv_transfer": ("tandem-prefill", "tandem.prefill.request"),
+}  # name -> (service, parent's name)
+
+
+def test_one_disaggregated_request_is_one_connected_trace(trio, receiver):
+    complete(trio["router"], {"x-request-id": "trace-me-1"})
+
+    def spans() -> list:
+        return [
+            s for s in receiver.spans() if s.attributes.get("tandem.request_id") == "trace-me-1"
+        ]
+
+    assert wait_until(lambda: {s.name for s in spans()} >= SPANS.keys()), receiver.spans()
+    found = spans()
+    assert sorted(s.name for s in found) == sorted(SPANS), "one span of each, no more"
+    assert len({s.trace_id for s in found}) == 1
+    by_id = {s.span_id: s for s in found}
+    for span in found:
+        service, parent = SPANS[span.name]
+        assert span.service == service, span
+        if parent is None:
+            assert span.parent_id == "", span
+        else:
+            assert by_id[span.parent_id].name == parent, span
+    (choice,) = [s for s in found if s.name == "tandem.router.choice"]
+    assert choice.attributes["tandem.finish_reason"] == "length"
+    assert choice.attributes["tandem.phase.remote_prefill_s"] > 0
