@@ -163,3 +163,5 @@ def test_committed_dashboards_equal_the_generator():
         sys.path.pop(0)
     for name, text in generator.render_all().items():
         assert (CHART / "dashboards" / name).read_text() == text, name
+    # every row, with the question it answers, is listed in the docs
+    assert generator.markdown() in (ROOT / "docs" / "kubernetes.md").read_text()

@@ -26,15 +26,14 @@ def binary(name: str) -> str:
 
 
 class Prometheus:
-    """One Prometheus process scraping `jobs` ({job: ["host:port", ...]}) every second,
-    each target labelled with `labels`, and evaluating `rule_files`."""
+    """One Prometheus process scraping `jobs` ({job: (["host:port", ...], target labels)})
+    every second and evaluating `rule_files`."""
 
     def __init__(
         self,
         workdir: Path,
-        jobs: dict[str, list[str]],
+        jobs: dict[str, tuple[list[str], dict[str, str]]],
         rule_files: list[Path],
-        labels: dict[str, str],
     ) -> None:
         self.workdir = workdir
         self.port = free_port()
@@ -43,7 +42,7 @@ class Prometheus:
             "rule_files": [str(p) for p in rule_files],
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": targets, "labels": labels}]}
-                for job, targets in jobs.items()
+                for job, (targets, labels) in jobs.items()
             ],
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))

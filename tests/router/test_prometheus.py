@@ -38,6 +38,10 @@ NEEDS = {
     "Tandem / Disaggregation / Router: retries": "a decode worker failing a request",
     "Tandem / Operator / Reconciles by result": "an operator reconciling (a Kubernetes API server)",
     "Tandem / Operator / Reconcile errors": "an operator reconciling (a Kubernetes API server)",
+    "Tandem / Overview / GPU utilization": "an NVIDIA GPU and dcgm-exporter",
+    "Tandem / Overview / Tensor core activity": "an NVIDIA GPU and dcgm-exporter (profiling)",
+    "Tandem / Overview / GPU memory used": "an NVIDIA GPU and dcgm-exporter",
+    "Tandem / Overview / GPU power": "an NVIDIA GPU and dcgm-exporter",
 }
 ALERTS_NEED = {"TandemKVTransferFailures": "a failed NIXL transfer"}
 
@@ -136,16 +140,16 @@ def test_every_dashboard_query_and_rule_returns_series(llama_dir, router_logs, t
         serve.start().wait_ready()
         workers = serve.workers()
         assert wait_until(lambda: all(w["healthy"] for w in serve.workers()))
-        jobs = {
-            "tandem-router": [serve.url[len("http://") :]],
-            "tandem-operator": [f"127.0.0.1:{operator.server_address[1]}"],
-        }
-        for role in ("prefill", "decode"):
-            jobs[f"tandem-{role}"] = [
-                w["url"][len("http://") :] for w in workers if w["role"] == role
-            ]
-        assert len(jobs["tandem-prefill"]) == len(jobs["tandem-decode"]) == 2
-        prometheus = Prometheus(tmp_path, jobs, [RULES], {"namespace": "tandem-test"}).start()
+        # the target labels a PodMonitor gives: namespace, and the pods' tandem.dev labels
+        jobs = {"operator": ([f"127.0.0.1:{operator.server_address[1]}"], {"namespace": "ops"})}
+        urls = {"router": [serve.url]}
+        for w in workers:
+            urls.setdefault(w["role"], []).append(w["url"])
+        assert len(urls["prefill"]) == len(urls["decode"]) == 2
+        for role, found in urls.items():
+            labels = {"namespace": "ns", "tandem_dev_deployment": "llama", "tandem_dev_role": role}
+            jobs[f"llama-{role}"] = ([u.removeprefix("http://") for u in found], labels)
+        prometheus = Prometheus(tmp_path, jobs, [RULES]).start()
         mixed_load(serve.url)
         check(prometheus)
     finally:
@@ -170,13 +174,14 @@ def check(prometheus: Prometheus) -> None:
     wait_until(lambda: not empty(), timeout=HANG_S, interval=1.0)
     print(f"all series present {time.monotonic() - start:.1f} s after the load")
     assert empty() == []
-    # the rest parse, and name metrics that Prometheus has scraped (help and type)
+    # the rest parse, and the Tandem metrics they name were scraped (help and type, no
+    # samples yet); dcgm-exporter's are not Tandem's
     metadata = prometheus.api("metadata")
     for key, q in queries.items():
         if needs(key) is not None:
             prometheus.series(q)
             names = set(re.findall(r"\b(tandem_[a-z0-9_]+?)(?:_bucket|_total)?\b", q))
-            assert names and all(n in metadata or f"{n}_total" in metadata for n in names), key
+            assert all(n in metadata or f"{n}_total" in metadata for n in names), key
     for signal in alerts.values():
         prometheus.series(signal)  # parses
     groups = prometheus.api("rules")["groups"]
