@@ -164,32 +164,17 @@ class GenerationRunner:
         queue: asyncio.Queue = asyncio.Queue()
         start = time.monotonic()
         first_token = True
-        request_id = request_log.current()
-        root = self.tracing.start(
-            "tandem.router.request", None, **{"tandem.request_id": request_id,
-            "tandem.response_id": gen.response_id, "tandem.num_choices": len(gen.jobs)},
-        )  # fmt: skip
+        attributes = {
+            "tandem.request_id": request_log.current(),
+            "tandem.response_id": gen.response_id,
+            "tandem.num_choices": len(gen.jobs),
+        }
+        root = self.tracing.start("tandem.router.request", None, **attributes)
         parent = tracing.carrier(root)
-
-        async def run(index: int, job: Job) -> None:
-            clock, failed = ChoiceClock(time.monotonic()), False
-            attrs = {"tandem.request_id": request_id, "tandem.choice_id": job.request_id}
-            with self.tracing.span("tandem.router.choice", parent, **attrs) as span:
-                try:
-                    async for record in self.dispatcher.records(job, buffered):
-                        clock.on_record(record)
-                        await queue.put((index, record))
-                except APIError as exc:
-                    failed = True
-                    await queue.put((index, exc))
-                finally:
-                    self.metrics.phases.observe(clock, failed)
-                    reason = "error" if failed else clock.finish_reason or "abort"
-                    logger.info("request %s: %s", job.request_id, reason)
-                    _annotate(span, clock, reason)
-                    await queue.put((index, _END))
-
-        tasks = [asyncio.create_task(run(i, job)) for i, job in enumerate(gen.jobs)]
+        tasks = [
+            asyncio.create_task(self._run_choice(i, job, buffered, queue, parent))
+            for i, job in enumerate(gen.jobs)
+        ]
         try:
             remaining = len(tasks)
             while remaining:
@@ -206,6 +191,31 @@ class GenerationRunner:
             for task in tasks:
                 task.cancel()
             tracing.end(root)
+
+    async def _run_choice(
+        self, index: int, job: Job, buffered: bool, queue: asyncio.Queue, parent: tracing.Carrier
+    ) -> None:
+        """Put the choice's records (or its APIError), then _END, on `queue`; observe how
+        it went in the metrics, the log and its span (a child of `parent`)."""
+        clock, failed = ChoiceClock(time.monotonic()), False
+        attributes = {
+            "tandem.request_id": request_log.current(),
+            "tandem.choice_id": job.request_id,
+        }
+        with self.tracing.span("tandem.router.choice", parent, **attributes) as span:
+            try:
+                async for record in self.dispatcher.records(job, buffered):
+                    clock.on_record(record)
+                    await queue.put((index, record))
+            except APIError as exc:
+                failed = True
+                await queue.put((index, exc))
+            finally:
+                self.metrics.phases.observe(clock, failed)
+                reason = "error" if failed else clock.finish_reason or "abort"
+                logger.info("request %s: %s", job.request_id, reason)
+                _annotate(span, clock, reason)
+                await queue.put((index, _END))
 
     def _observe_done(self, gen: Generation, start: float) -> None:
         m = self.metrics
