@@ -122,6 +122,8 @@ class DecodeWorker:
         self.unconfirmed: dict[str, RemoteHold] = {}  # same keys: the aborts to resend
         self._next_resend = 0.0
         self._agent_info = core.agent.info()
+        # hold key -> the request's log id, for lines about a hold that outlives its stream
+        self.hold_log_ids: dict[str, str] = {}
 
     # -- requests in ----------------------------------------------------------------------
 
@@ -154,7 +156,7 @@ class DecodeWorker:
             params.stop,
             params.include_stop_str_in_output,
         )
-        self.streams[inp.request_id] = Stream(
+        stream = Stream(
             request,
             sink,
             detok,
@@ -164,11 +166,13 @@ class DecodeWorker:
             log_id=inp.log_id,
             span=self._request_span(inp),
         )
+        self.streams[inp.request_id] = stream
         self.core.scheduler.add_request(request)
-        logger.info(
-            "request %s: queued, %d prompt tokens, prefill %s",
-            inp.request_id, len(inp.token_ids), inp.prefill,
-        )  # fmt: skip
+        with request_log.request_context(inp.log_id):
+            logger.info(
+                "request %s: queued, %d prompt tokens, prefill %s",
+                inp.request_id, len(inp.token_ids), inp.prefill,
+            )  # fmt: skip
 
     def _request_span(self, inp: GenerateInput) -> Any:
         """The request's span here, a child of the router's (None when tracing is off)."""
@@ -287,6 +291,8 @@ class DecodeWorker:
         logger.info(
             "request %s: remote prefill attempt %d on %s", msg.request_id, msg.attempt, worker
         )
+        if stream.log_id is not None:
+            self.hold_log_ids[remote_hold_key(msg.request_id, msg.attempt)] = stream.log_id
         stream.tried.append(worker)
         stream.sent = time.monotonic()
         stream.remote_deadline = stream.sent + self.options.prefill_timeout_s
@@ -310,6 +316,7 @@ class DecodeWorker:
         request = stream.request
         tracing.end(stream.remote_span, **{"tandem.kv_blocks": done.num_blocks})
         stream.remote_span = None
+        self.hold_log_ids.pop(remote_hold_key(done.request_id, done.attempt), None)
         m = self.core.metrics
         m.child(m.transfer_seconds).observe(done.transfer_s)
         m.child(m.transfer_bytes).inc(done.num_bytes)
@@ -363,7 +370,10 @@ class DecodeWorker:
                 self._fall_back(stream, "timeout", f"no answer from {request.prefill_worker}")
         for key, deadline in list(self.hold_deadlines.items()):
             if now > deadline:
-                logger.warning("hold %s: no confirmation from the prefill worker; releasing", key)
+                with request_log.request_context(self.hold_log_ids.get(key)):
+                    logger.warning(
+                        "hold %s: no confirmation from the prefill worker; releasing", key
+                    )
                 self._release_hold(key)
 
     def _send_aborts(self) -> None:
@@ -382,13 +392,15 @@ class DecodeWorker:
             self.hold_deadlines[hold.key] = now + self.options.hold_timeout_s
             self.unconfirmed[hold.key] = hold
             if not self._send_abort(hold):
-                logger.warning("hold %s: cannot reach %s to abort yet", hold.key, hold.worker)
+                with request_log.request_context(self.hold_log_ids.get(hold.key)):
+                    logger.warning("hold %s: cannot reach %s to abort yet", hold.key, hold.worker)
         scheduler.abandoned_remote.clear()
 
     def _send_abort(self, hold: RemoteHold) -> bool:
         return self.client.send(hold.worker, AbortPrefill(hold.request_id, hold.attempt))
 
     def _release_hold(self, key: str) -> None:
+        self.hold_log_ids.pop(key, None)
         self.hold_deadlines.pop(key, None)
         self.unconfirmed.pop(key, None)
         self.core.kv.release(key)
