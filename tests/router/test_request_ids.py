@@ -103,10 +103,30 @@ def test_without_a_client_id_the_router_makes_one_and_names_the_response_after_i
         assert about and all(f"[{request_id}]" in line for line in about), (name, about)
 
 
-def test_an_unusable_client_id_is_replaced(trio):
+def test_an_unusable_client_id_is_replaced_and_errors_carry_the_id_too(trio):
     r = complete(trio["router"], {"x-request-id": "has spaces in it"})
     assert r.headers["x-request-id"] != "has spaces in it"
     assert r.json()["id"] == f"cmpl-{r.headers['x-request-id']}"
+    bad = {"model": "llama", "prompt": "x", "max_tokens": -1}
+    r = httpx.post(f"{trio['router'].url}/v1/completions", json=bad,
+                   headers={"x-request-id": "bad-1"}, timeout=HANG_S)  # fmt: skip
+    assert r.status_code == 400 and r.headers["x-request-id"] == "bad-1"
+
+
+def test_tandem_serve_passes_the_otlp_endpoint_to_every_child():
+    import argparse
+
+    from tandem.router.serve import add_arguments, plan
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--prefill", "1", "--decode", "1",
+                              "--otlp-traces-endpoint", "http://c:4318/v1/traces"])  # fmt: skip
+    children = plan(args, Path("model"))
+    assert [c.name for c in children] == ["prefill-0", "decode-0", "router"]
+    for child in children:
+        at = child.cmd.index("--otlp-traces-endpoint")
+        assert child.cmd[at + 1] == "http://c:4318/v1/traces", child.name
 
 
 SPANS = {
