@@ -15,6 +15,7 @@ carries the request id (`tandem.request_id`, the `x-request-id`) as an attribute
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
@@ -28,7 +29,7 @@ Carrier = dict[str, str]
 _PROPAGATOR = TraceContextTextMapPropagator()  # stateless: W3C trace context only
 
 
-def add_tracing_argument(parser: Any) -> None:
+def add_tracing_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--otlp-traces-endpoint",
         default=os.environ.get(ENV) or None,

@@ -1,5 +1,5 @@
 """Per-request metrics on the router: where each choice's time went, its lengths and how
-it finished (vLLM's per-request histograms; the name mapping is in docs/router.md).
+it finished (vLLM's per-request histograms; the name mapping is in docs/observability.md).
 
 The decode node puts a remote prefill's breakdown (`timings`) on its first record; the
 router adds its own clock. For a disaggregated choice the phases before the first token
