@@ -12,9 +12,19 @@ TRITON_VERSION ?= 3.9.0
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
 
-.PHONY: install test test-gpu test-e2e lint format serve bench bench-serve clean
+.PHONY: install prometheus test test-gpu test-e2e lint format serve bench bench-serve clean
 
-install: $(STAMP)
+install: $(STAMP) prometheus
+
+# Debian's prometheus and promtool, for tests/router/test_prometheus.py. No service is left
+# running: without recommends (no node exporter), and one a systemd host started is stopped.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; \
+	  if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then \
+	    $(SUDO) systemctl disable --now prometheus; fi; }
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from tandem.decode_node.prefill_client import PrefillClient
 from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
+from tandem.engine import request_log, tracing
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import NodeCore, NodeIdentity, configure_process, engine_args_from
 from tandem.engine.node_loop import NodeLoop
@@ -52,7 +53,13 @@ class DecodeLoop:
     connections, step, publish KV events."""
 
     def __init__(
-        self, core: NodeCore, loop: NodeLoop, options: DecodeOptions, host: str, pub_port: int
+        self,
+        core: NodeCore,
+        loop: NodeLoop,
+        options: DecodeOptions,
+        host: str,
+        pub_port: int,
+        traces: tracing.Tracing | None = None,
     ) -> None:
         self.core = core
         self.loop = loop
@@ -61,7 +68,7 @@ class DecodeLoop:
         self.poller.register(loop.wake_fd, zmq.POLLIN)
         self.client = PrefillClient(self.context, self.poller)
         self.publisher = KVEventPublisher(self.context, host, pub_port, core.agent.name)
-        self.worker = DecodeWorker(core, self.client, core.tokenizer, options)
+        self.worker = DecodeWorker(core, self.client, core.tokenizer, options, traces)
 
     def run_once(self) -> None:
         worker = self.worker
@@ -99,9 +106,12 @@ def add_decode_routes(server: NodeServer) -> None:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict] = asyncio.Queue()
         worker: DecodeWorker = server.worker.worker
-        inp = GenerateInput(**body.model_dump())
+        log_id = request_log.clean(http.headers.get(request_log.HEADER))
+        trace = tracing.from_headers(http.headers)
+        inp = GenerateInput(**body.model_dump(), log_id=log_id, trace=trace)
         try:
-            await server.call(lambda: worker.add(inp, _sink(loop, queue)))
+            with request_log.request_context(log_id):
+                await server.call(lambda: worker.add(inp, _sink(loop, queue)))
         except ValueError as exc:
             return error_body(str(exc), 400)
         return StreamingResponse(
@@ -143,6 +153,7 @@ def run(args: argparse.Namespace) -> None:
     configure_process(args)
     identity = NodeIdentity.of(args, "decode")
     registry = CollectorRegistry()
+    traces = tracing.Tracing("tandem-decode", args.otlp_traces_endpoint)
     options = DecodeOptions(
         args.remote_prefill_threshold,
         args.on_prefill_failure,
@@ -159,7 +170,7 @@ def run(args: argparse.Namespace) -> None:
             args.remote_prefill_threshold,
             record_events=config.cache.enable_prefix_caching,
         )
-        decode_loop = DecodeLoop(core, loop, options, args.host, args.zmq_port)
+        decode_loop = DecodeLoop(core, loop, options, args.host, args.zmq_port, traces)
         logger.info(
             "decode node: agent %s, KV events on port %d",
             core.agent.name,
@@ -169,4 +180,7 @@ def run(args: argparse.Namespace) -> None:
 
     server = NodeServer(build, registry)
     add_decode_routes(server)
-    server.serve(args.host, args.http_port, args.log_level)
+    try:
+        server.serve(args.host, args.http_port, args.log_level)
+    finally:
+        traces.shutdown()

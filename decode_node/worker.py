@@ -27,6 +27,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from tandem.decode_node.prefill_client import PrefillClient
+from tandem.engine import request_log, tracing
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.kv_transfer import (
     AbortAck,
@@ -43,6 +44,7 @@ from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampler import skip_draw
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import RemoteHold, remote_hold_key
+from tandem.engine.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ class GenerateInput:
     prefill: str | None = None
     prefill_alternates: list[str] = field(default_factory=list)
     cache_salt: str | None = None
+    log_id: str | None = None  # the client's request id (x-request-id), for log lines
+    trace: dict[str, str] = field(default_factory=dict)  # W3C context of the router's span
 
 
 @dataclass
@@ -92,6 +96,9 @@ class Stream:
     last_token: float | None = None
     sent: float = 0.0  # when the current remote attempt was sent
     timings: dict[str, float] | None = None  # remote prefill breakdown, on the first record
+    log_id: str | None = None
+    span: Any = None  # the request's span, None when tracing is off
+    remote_span: Any = None  # the current remote prefill attempt's
 
 
 class DecodeWorker:
@@ -103,16 +110,20 @@ class DecodeWorker:
         client: PrefillClient,
         tokenizer: PreTrainedTokenizerBase,
         options: DecodeOptions,
+        traces: Tracing | None = None,
     ) -> None:
         self.core = core
         self.client = client
         self.tokenizer = tokenizer
         self.options = options
+        self.traces = traces or Tracing.off()
         self.streams: dict[str, Stream] = {}
         self.hold_deadlines: dict[str, float] = {}
         self.unconfirmed: dict[str, RemoteHold] = {}  # same keys: the aborts to resend
         self._next_resend = 0.0
         self._agent_info = core.agent.info()
+        # hold key -> the request's log id, for lines about a hold that outlives its stream
+        self.hold_log_ids: dict[str, str] = {}
 
     # -- requests in ----------------------------------------------------------------------
 
@@ -145,15 +156,32 @@ class DecodeWorker:
             params.stop,
             params.include_stop_str_in_output,
         )
-        self.streams[inp.request_id] = Stream(
+        stream = Stream(
             request,
             sink,
             detok,
             dataclasses.asdict(params),
             [a for a in inp.prefill_alternates if a != inp.prefill],
             time.monotonic(),
+            log_id=inp.log_id,
+            span=self._request_span(inp),
         )
+        self.streams[inp.request_id] = stream
         self.core.scheduler.add_request(request)
+        with request_log.request_context(inp.log_id):
+            logger.info(
+                "request %s: queued, %d prompt tokens, prefill %s",
+                inp.request_id, len(inp.token_ids), inp.prefill,
+            )  # fmt: skip
+
+    def _request_span(self, inp: GenerateInput) -> Any:
+        """The request's span here, a child of the router's (None when tracing is off)."""
+        attributes = {
+            "tandem.request_id": inp.log_id,
+            "tandem.choice_id": inp.request_id,
+            "tandem.prompt_tokens": len(inp.token_ids),
+        }
+        return self.traces.start("tandem.decode.request", inp.trace, **attributes)
 
     def abort(self, request_id: str) -> bool:
         """Abort wherever the request is; False if it is unknown or already finished."""
@@ -192,6 +220,7 @@ class DecodeWorker:
             for request in out.scheduled:
                 self._mark_admitted(request)
             result = self.core.runner.execute(out)
+            self.core.metrics.observe_step(out)
             scheduler.update_from_output(out, result)  # finished ones are seen below
             for request, token in zip(out.scheduled, result.sampled_token_ids):
                 if token is not None:
@@ -239,6 +268,11 @@ class DecodeWorker:
 
     def _send_prefill(self, request: Request) -> None:
         stream = self.streams[request.request_id]
+        with request_log.request_context(stream.log_id):
+            self._send_prefill_to(stream)
+
+    def _send_prefill_to(self, stream: Stream) -> None:
+        request = stream.request
         worker = request.prefill_worker
         msg = PrefillRequest(
             request_id=request.request_id,
@@ -251,7 +285,14 @@ class DecodeWorker:
             deadline_s=self.options.prefill_timeout_s,
             sent_at=time.time(),
             cache_salt=request.cache_salt,
+            log_id=stream.log_id,
+            trace=self._remote_span(stream, request, worker),
         )
+        logger.info(
+            "request %s: remote prefill attempt %d on %s", msg.request_id, msg.attempt, worker
+        )
+        if stream.log_id is not None:
+            self.hold_log_ids[remote_hold_key(msg.request_id, msg.attempt)] = stream.log_id
         stream.tried.append(worker)
         stream.sent = time.monotonic()
         stream.remote_deadline = stream.sent + self.options.prefill_timeout_s
@@ -261,8 +302,21 @@ class DecodeWorker:
             # blocks need no hold until a confirmation that will never come.
             self._release_hold(remote_hold_key(msg.request_id, msg.attempt))
 
+    def _remote_span(self, stream: Stream, request: Request, worker: str) -> dict[str, str]:
+        """Start the attempt's span (its context goes to the prefill node)."""
+        tracing.end(stream.remote_span)  # a previous attempt's, if it never ended
+        stream.remote_span = self.traces.start(
+            "tandem.decode.remote_prefill", tracing.carrier(stream.span),
+            **{"tandem.request_id": stream.log_id, "tandem.attempt": request.num_remote_attempts,
+               "tandem.prefill_worker": worker},
+        )  # fmt: skip
+        return tracing.carrier(stream.remote_span) or None
+
     def _complete_remote(self, stream: Stream, done: PrefillDone) -> None:
         request = stream.request
+        tracing.end(stream.remote_span, **{"tandem.kv_blocks": done.num_blocks})
+        stream.remote_span = None
+        self.hold_log_ids.pop(remote_hold_key(done.request_id, done.attempt), None)
         m = self.core.metrics
         m.child(m.transfer_seconds).observe(done.transfer_s)
         m.child(m.transfer_bytes).inc(done.num_bytes)
@@ -282,7 +336,13 @@ class DecodeWorker:
 
     def _fall_back(self, stream: Stream, reason: str, detail: str) -> None:
         """Retry on another worker once, then recompute here or fail, per the policy."""
+        with request_log.request_context(stream.log_id):
+            self._fall_back_now(stream, reason, detail)
+
+    def _fall_back_now(self, stream: Stream, reason: str, detail: str) -> None:
         request = stream.request
+        tracing.end(stream.remote_span, **{"tandem.fallback": reason})
+        stream.remote_span = None
         m = self.core.metrics
         m.child(m.prefill_fallbacks, reason=reason).inc()
         untried = [w for w in stream.alternates if w not in stream.tried]
@@ -310,7 +370,10 @@ class DecodeWorker:
                 self._fall_back(stream, "timeout", f"no answer from {request.prefill_worker}")
         for key, deadline in list(self.hold_deadlines.items()):
             if now > deadline:
-                logger.warning("hold %s: no confirmation from the prefill worker; releasing", key)
+                with request_log.request_context(self.hold_log_ids.get(key)):
+                    logger.warning(
+                        "hold %s: no confirmation from the prefill worker; releasing", key
+                    )
                 self._release_hold(key)
 
     def _send_aborts(self) -> None:
@@ -329,13 +392,15 @@ class DecodeWorker:
             self.hold_deadlines[hold.key] = now + self.options.hold_timeout_s
             self.unconfirmed[hold.key] = hold
             if not self._send_abort(hold):
-                logger.warning("hold %s: cannot reach %s to abort yet", hold.key, hold.worker)
+                with request_log.request_context(self.hold_log_ids.get(hold.key)):
+                    logger.warning("hold %s: cannot reach %s to abort yet", hold.key, hold.worker)
         scheduler.abandoned_remote.clear()
 
     def _send_abort(self, hold: RemoteHold) -> bool:
         return self.client.send(hold.worker, AbortPrefill(hold.request_id, hold.attempt))
 
     def _release_hold(self, key: str) -> None:
+        self.hold_log_ids.pop(key, None)
         self.hold_deadlines.pop(key, None)
         self.unconfirmed.pop(key, None)
         self.core.kv.release(key)
@@ -376,6 +441,10 @@ class DecodeWorker:
 
     def _finish(self, stream: Stream, tokens: list[int] = (), error: str | None = None) -> None:
         """Send the final record (with `tokens`, not streamed yet) and forget the stream."""
+        with request_log.request_context(stream.log_id):
+            self._finish_now(stream, list(tokens), error)
+
+    def _finish_now(self, stream: Stream, tokens: list[int], error: str | None) -> None:
         request = stream.request
         del self.streams[request.request_id]
         stream.detok.flush()
@@ -386,6 +455,16 @@ class DecodeWorker:
         m.child(m.e2e).observe(time.monotonic() - stream.arrival)
         m.child(m.request_success, finish_reason=record["finish_reason"]).inc()
         m.child(m.prompt_tokens).inc(request.num_prompt_tokens)
+        logger.info(
+            "request %s: finished (%s), %d tokens",
+            request.request_id, record["finish_reason"], request.num_output_tokens,
+        )  # fmt: skip
+        tracing.end(stream.remote_span, **{"tandem.fallback": "request_ended"})
+        tracing.end(
+            stream.span, **{"tandem.finish_reason": record["finish_reason"], "tandem.error": error,
+            "tandem.completion_tokens": request.num_output_tokens,
+            "tandem.cached_tokens": request.num_cached_tokens},
+        )  # fmt: skip
         stream.sink(record)
 
     def _record(self, stream: Stream, tokens: list[int], finished: bool = False) -> dict:

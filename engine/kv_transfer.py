@@ -73,6 +73,8 @@ class PrefillRequest(msgspec.Struct, frozen=True, tag="prefill"):
     deadline_s: float
     sent_at: float  # wall clock: a message older than its deadline is refused
     cache_salt: str | None = None
+    log_id: str | None = None  # the client's request id, for log lines (engine.request_log)
+    trace: dict[str, str] | None = None  # W3C trace context of the decode node's span
 
 
 class AbortPrefill(msgspec.Struct, frozen=True, tag="abort"):

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from tandem.engine.scheduler import Scheduler
+from tandem.engine.scheduler import Scheduler, SchedulerOutput
 
 LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 LABELS = ("model", "role", "pod")
+# Tokens computed in one engine step (vLLM's iteration_tokens_total buckets).
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class NodeMetrics:
@@ -57,7 +59,16 @@ class NodeMetrics:
         self.prefill_fallbacks = self._counter(
             "tandem_prefill_fallbacks_total", "Remote prefills that failed over.", ("reason",)
         )
+        self.iteration_tokens = Histogram(
+            "tandem_iteration_tokens_total", "Tokens computed per engine step.",
+            LABELS, registry=registry, buckets=ITERATION_BUCKETS,
+        )  # fmt: skip
+        ProcessCollector(registry=registry)  # process_cpu_seconds_total, _resident_memory_bytes
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
+
+    def observe_step(self, out: SchedulerOutput) -> None:
+        """One engine step ran `out`."""
+        self.iteration_tokens.labels(**self._labels).observe(out.total_num_scheduled_tokens)
 
     def observe(self, scheduler: Scheduler) -> None:
         """Refresh gauges and the counters the engine keeps as running totals."""

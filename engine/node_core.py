@@ -6,7 +6,6 @@ share and the debug views the tests read (block census, raw blocks by hash)."""
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -21,8 +20,10 @@ from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
 from tandem.engine.llm_engine import EngineArgs, grammar_compiler
 from tandem.engine.metrics import NodeMetrics
 from tandem.engine.model_runner import ModelRunner
+from tandem.engine.request_log import configure_logging
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.tokenizer import load_tokenizer
+from tandem.engine.tracing import add_tracing_argument
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,11 +67,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--log-level", default="info")
+    add_tracing_argument(parser)
 
 
 def configure_process(args: argparse.Namespace) -> None:
     """Logging and torch threads for a node process, from its flags."""
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    configure_logging(args.log_level)
     if args.threads:
         torch.set_num_threads(args.threads)
 

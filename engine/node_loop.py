@@ -8,6 +8,7 @@ ZMQ poller watches; the function's result comes back as a future.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import queue
 import socket
@@ -34,10 +35,11 @@ class NodeLoop:
         return self._wake_r.fileno()
 
     def call(self, fn: Callable[[], Any]) -> Future:
-        """Run `fn` on the engine thread between steps; its result or exception comes back
-        in the future."""
+        """Run `fn` on the engine thread between steps, in a copy of the caller's context
+        (its request id, say); its result or exception comes back in the future."""
         future: Future = Future()
-        self._calls.put((fn, future))
+        context = contextvars.copy_context()
+        self._calls.put((lambda: context.run(fn), future))
         self.wake()
         return future
 

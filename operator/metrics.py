@@ -14,6 +14,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    ProcessCollector,
     generate_latest,
 )
 
@@ -44,6 +45,7 @@ class OperatorMetrics:
         self.leader = Gauge(
             "tandem_operator_leader", "1 while this replica holds the lease.", registry=registry
         )
+        ProcessCollector(registry=registry)  # process_cpu_seconds_total, _open_fds, ...
 
 
 def serve_probes(

@@ -15,6 +15,7 @@ from tandem.operator.names import (
     API_VERSION,
     DEPLOYMENT_LABEL,
     KIND,
+    ROLE_LABEL,
     child_name,
     labels,
     short_hash,
@@ -93,6 +94,9 @@ def _pod_monitor(spec: LLMDeploymentSpec) -> dict[str, Any]:
         },
         "spec": {
             "selector": {"matchLabels": {DEPLOYMENT_LABEL: spec.name}},
+            # on every series and on `up` (tandem_dev_deployment, tandem_dev_role): the
+            # dashboards count a deployment's targets that are down by them
+            "podTargetLabels": [DEPLOYMENT_LABEL, ROLE_LABEL],
             "podMetricsEndpoints": [endpoint],
         },
     }

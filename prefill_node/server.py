@@ -15,6 +15,7 @@ from tandem.engine.kv_transfer import AbortPrefill, decode_to_prefill, encode
 from tandem.engine.node_core import NodeCore, NodeIdentity, configure_process, engine_args_from
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.node_server import NodeServer
+from tandem.engine.tracing import Tracing
 from tandem.prefill_node.worker import PrefillWorker
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,13 @@ class PrefillLoop:
     publish KV events (routers steer shared prefixes to the worker that has them)."""
 
     def __init__(
-        self, core: NodeCore, loop: NodeLoop, host: str, zmq_port: int, events_port: int
+        self,
+        core: NodeCore,
+        loop: NodeLoop,
+        host: str,
+        zmq_port: int,
+        events_port: int,
+        traces: Tracing | None = None,
     ) -> None:
         self.core = core
         self.loop = loop
@@ -42,7 +49,7 @@ class PrefillLoop:
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(loop.wake_fd, zmq.POLLIN)
-        self.worker = PrefillWorker(core, self._reply)
+        self.worker = PrefillWorker(core, self._reply, traces)
 
     def run_once(self) -> None:
         worker = self.worker
@@ -94,14 +101,18 @@ def run(args: argparse.Namespace) -> None:
     configure_process(args)
     identity = NodeIdentity.of(args, "prefill")
     registry = CollectorRegistry()
+    traces = Tracing("tandem-prefill", args.otlp_traces_endpoint)
 
     def build(loop: NodeLoop) -> PrefillLoop:
         config = engine_args_from(args).create_config()
         core = NodeCore(
             config, identity, registry, record_events=config.cache.enable_prefix_caching
         )
-        prefill_loop = PrefillLoop(core, loop, args.host, args.zmq_port, args.events_port)
+        prefill_loop = PrefillLoop(core, loop, args.host, args.zmq_port, args.events_port, traces)
         logger.info("prefill node: agent %s, ZMQ %s", core.agent.name, prefill_loop.ports())
         return prefill_loop
 
-    NodeServer(build, registry).serve(args.host, args.http_port, args.log_level)
+    try:
+        NodeServer(build, registry).serve(args.host, args.http_port, args.log_level)
+    finally:
+        traces.shutdown()

@@ -17,10 +17,12 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import torch
 
+from tandem.engine import request_log, tracing
 from tandem.engine.kv_transfer import (
     AbortAck,
     AbortPrefill,
@@ -36,6 +38,7 @@ from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import SchedulerOutput, remote_hold_key
 from tandem.engine.step_event import StepEvent
+from tandem.engine.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +58,8 @@ class Job:
     ended: str | None = None  # "abort" or a failure reason
     first_write: float | None = None
     scheduled: bool = False
+    span: Any = None  # the job's span and its KV transfer's (None when tracing is off)
+    transfer_span: Any = None
 
     @property
     def key(self) -> str:
@@ -64,15 +69,20 @@ class Job:
 class PrefillWorker:
     """Owns the jobs; `reply` sends a control message to a decode node's ZMQ identity."""
 
-    def __init__(self, core: NodeCore, reply: Reply) -> None:
+    def __init__(self, core: NodeCore, reply: Reply, traces: Tracing | None = None) -> None:
         self.core = core
         self.reply = reply
+        self.traces = traces or Tracing.off()
         self.jobs: dict[str, Job] = {}
         self._xfers = 0
 
     # -- messages -------------------------------------------------------------------------
 
     def submit(self, peer: bytes, msg: PrefillRequest) -> None:
+        with request_log.request_context(msg.log_id):
+            self._submit(peer, msg)
+
+    def _submit(self, peer: bytes, msg: PrefillRequest) -> None:
         key = remote_hold_key(msg.request_id, msg.attempt)
         try:
             request = self._make_request(key, msg)
@@ -81,8 +91,18 @@ class PrefillWorker:
             self.reply(peer, PrefillFailed(msg.request_id, msg.attempt, f"invalid: {exc}"))
             return
         now = time.monotonic()
-        self.jobs[key] = Job(msg, peer, request, now + msg.deadline_s, now, msg.skip_blocks)
+        job = Job(msg, peer, request, now + msg.deadline_s, now, msg.skip_blocks)
+        job.span = self.traces.start(
+            "tandem.prefill.request", msg.trace, **{"tandem.request_id": msg.log_id,
+            "tandem.choice_id": msg.request_id, "tandem.attempt": msg.attempt,
+            "tandem.prompt_tokens": len(msg.token_ids)},
+        )  # fmt: skip
+        self.jobs[key] = job
         self.core.scheduler.add_request(request)
+        logger.info(
+            "prefill %s: received, %d tokens, %d blocks to write",
+            key, len(msg.token_ids), len(msg.dst_block_ids),
+        )  # fmt: skip
 
     def abort(self, peer: bytes, msg: AbortPrefill) -> None:
         job = self.jobs.get(remote_hold_key(msg.request_id, msg.attempt))
@@ -151,6 +171,7 @@ class PrefillWorker:
                 m = self.core.metrics
                 m.child(m.queue_time).observe(time.monotonic() - job.received)
         result = self.core.runner.execute(out)
+        self.core.metrics.observe_step(out)
         # Writes are posted before `update_from_output`, which frees a finished request's
         # blocks; a job that cannot post ends after it, since the batch still holds its
         # request until then.
@@ -168,7 +189,8 @@ class PrefillWorker:
         failed = {}
         for request, n in zip(out.scheduled, out.num_scheduled_tokens):
             job = self.jobs[request.request_id]
-            reason = self._post_ready(job, request.num_computed_tokens + n, kv_written)
+            with request_log.request_context(job.msg.log_id):
+                reason = self._post_ready(job, request.num_computed_tokens + n, kv_written)
             if reason is not None:
                 failed[job.key] = reason
         return failed
@@ -176,15 +198,19 @@ class PrefillWorker:
     def poll(self) -> None:
         """Advance in-flight writes; settle every job with none left."""
         for job in list(self.jobs.values()):
-            for transfer, hold in list(job.transfers):
-                state = self.core.agent.poll(transfer)
-                if state == "PROC":
-                    continue
-                job.transfers.remove((transfer, hold))
-                self.core.kv.release(hold)
-                self._account(transfer, job)
-            if not job.transfers:
-                self._settle(job)
+            with request_log.request_context(job.msg.log_id):
+                self._poll_job(job)
+
+    def _poll_job(self, job: Job) -> None:
+        for transfer, hold in list(job.transfers):
+            state = self.core.agent.poll(transfer)
+            if state == "PROC":
+                continue
+            job.transfers.remove((transfer, hold))
+            self.core.kv.release(hold)
+            self._account(transfer, job)
+        if not job.transfers:
+            self._settle(job)
 
     @property
     def busy(self) -> bool:
@@ -221,7 +247,12 @@ class PrefillWorker:
             logger.warning("prefill %s: write failed: %s", job.key, exc)
             self.core.metrics.child(self.core.metrics.transfer_failures, reason="post").inc()
             return "transfer"
-        job.first_write = job.first_write or transfer.started
+        if job.first_write is None:
+            job.first_write = transfer.started
+            job.transfer_span = self.traces.start(
+                "tandem.prefill.kv_transfer", tracing.carrier(job.span),
+                **{"tandem.request_id": job.msg.log_id},
+            )  # fmt: skip
         job.num_posted = ready
         job.transfers.append((transfer, hold))
         return None
@@ -258,6 +289,7 @@ class PrefillWorker:
             )
             try:
                 self.core.agent.notify(msg.agent.name, encode(done))
+                logger.info("prefill %s: done, %d blocks written", job.key, done.num_blocks)
             except Exception as exc:  # NIXL raises when the remote agent is unreachable
                 # Every write has landed, so the decode node may reuse its blocks: tell it
                 # now rather than let it wait out its prefill deadline.
@@ -266,13 +298,18 @@ class PrefillWorker:
                 self.reply(job.peer, PrefillFailed(msg.request_id, msg.attempt, "notify"))
         else:
             return  # still computing
+        tracing.end(job.transfer_span, **{"tandem.kv_blocks": len(msg.dst_block_ids)})
+        tracing.end(job.span, **{"tandem.outcome": job.ended or "done"})
         del self.jobs[job.key]
 
     def _expire(self) -> None:
         now = time.monotonic()
         for job in list(self.jobs.values()):
             if job.ended is None and job.done is None and now > job.deadline:
-                logger.warning("prefill %s: deadline passed before the prompt was done", job.key)
+                with request_log.request_context(job.msg.log_id):
+                    logger.warning(
+                        "prefill %s: deadline passed before the prompt was done", job.key
+                    )
                 self._end(job, "deadline")
 
     def _done_message(self, job: Job) -> PrefillDone:

@@ -20,8 +20,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tandem.engine import request_log
 from tandem.engine.node_server import add_validation_handler
 from tandem.engine.structured_outputs import StructuredOutputsParams
+from tandem.engine.tracing import Tracing
 from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import APIError, ModelNotFound, Unauthorized
 from tandem.router.generation import Generation, GenerationRunner
@@ -59,8 +61,10 @@ class Router:
         discovery: Discovery,
         metrics: RouterMetrics,
         options: RouterOptions,
+        tracing: Tracing | None = None,
     ) -> None:
         self.pre = pre
+        self.tracing = tracing or Tracing.off()
         self.policy = policy
         self.discovery = discovery
         self.metrics = metrics
@@ -87,7 +91,9 @@ class Router:
                 self.pool, self.index, self.policy, http, self.metrics,
                 self.pre.limits.block_size, self.options.max_attempts,
             )  # fmt: skip
-            self.runner = GenerationRunner(self.dispatcher, self.metrics, self.options.max_inflight)
+            self.runner = GenerationRunner(
+                self.dispatcher, self.metrics, self.options.max_inflight, self.tracing
+            )
             self.monitor = WorkerMonitor(
                 self.pool, self.index, self.discovery, http, self.options.health_interval_s,
                 self.metrics, self.options.health_timeout_s,
@@ -115,7 +121,7 @@ class Router:
 
     # -- generation -----------------------------------------------------------------------
 
-    def _completion(self, req: CompletionRequest) -> Generation:
+    def _completion(self, req: CompletionRequest, base_id: str) -> Generation:
         if req.suffix:
             raise APIError("suffix is not supported", "suffix")
         if req.best_of not in (None, req.n):
@@ -124,7 +130,7 @@ class Router:
             raise APIError("echo with logprobs needs prompt logprobs, not supported", "echo")
         prompts = self.pre.completion_prompts(req)
         spec = self.pre.structured.spec(req)
-        response_id = f"cmpl-{uuid.uuid4().hex}"
+        response_id = f"cmpl-{base_id}"
         jobs = self._jobs(response_id, req, prompts, req.max_tokens, req.logprobs, spec)
         echoes = None
         if req.echo:
@@ -135,7 +141,7 @@ class Router:
         fmt = CompletionFormat(self.pre, req.logprobs is not None)
         return self._generation(response_id, req, fmt, jobs, prompts, echoes)
 
-    def _chat(self, req: ChatCompletionRequest) -> Generation:
+    def _chat(self, req: ChatCompletionRequest, base_id: str) -> Generation:
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError("top_logprobs needs logprobs set to true", "top_logprobs")
         tool_use = self.pre.structured.tool_use(req)
@@ -144,7 +150,7 @@ class Router:
         parser = tool_use.parser if tool_use is not None else None
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         max_tokens = req.max_completion_tokens or req.max_tokens
-        response_id = f"chatcmpl-{uuid.uuid4().hex}"
+        response_id = f"chatcmpl-{base_id}"
         keep = parser is not None and parser.keeps_special_tokens
         jobs = self._jobs(response_id, req, [prompt], max_tokens, logprobs, spec, keep)
         fmt = ChatFormat(self.pre, req.logprobs, parser)
@@ -197,12 +203,16 @@ class Router:
         @app.post("/v1/completions")
         async def completions(req: CompletionRequest, request: Request) -> Response:
             self._check_model(req.model)
-            return await self.runner.respond(lambda: self._completion(req), req.stream, request)
+            base = _base_id(request)
+            return await self.runner.respond(
+                lambda: self._completion(req, base), req.stream, request
+            )
 
         @app.post("/v1/chat/completions")
         async def chat(req: ChatCompletionRequest, request: Request) -> Response:
             self._check_model(req.model)
-            return await self.runner.respond(lambda: self._chat(req), req.stream, request)
+            base = _base_id(request)
+            return await self.runner.respond(lambda: self._chat(req, base), req.stream, request)
 
         @app.get("/v1/models")
         async def models() -> Response:
@@ -252,13 +262,22 @@ class Router:
             return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def _base_id(request: Request) -> str:
+    """What a response id is made of: the request id the router made, or, when the client
+    named one (which it may reuse), a fresh one: ids must be unique downstream."""
+    state = request.state
+    return uuid.uuid4().hex if state.client_request_id else state.request_id
+
+
 # Paths that need the API key when keys are configured.
 _PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/workers")
 
 
 class AuthAndCount:
-    """ASGI middleware: the API-key check, and the per-endpoint status counter. Plain ASGI
-    (not `BaseHTTPMiddleware`), so streams and disconnects pass through untouched."""
+    """ASGI middleware: the request id (the client's `x-request-id`, else a new one: in the
+    response's header, the log lines, and `request.state.request_id`), the API-key check,
+    and the per-endpoint status counter. Plain ASGI (not `BaseHTTPMiddleware`), so streams
+    and disconnects pass through untouched."""
 
     def __init__(self, app, router: Router) -> None:
         self.app = app
@@ -270,18 +289,24 @@ class AuthAndCount:
             return
         path = scope["path"]
         status = 500
+        headers = dict(scope["headers"])
+        given = request_log.clean(headers.get(request_log.HEADER.encode(), b"").decode("latin-1"))
+        request_id = given or uuid.uuid4().hex
+        scope.setdefault("state", {}).update(request_id=request_id, client_request_id=given)
 
         async def send_counted(message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                own = (request_log.HEADER.encode(), request_id.encode())
+                message["headers"] = [*message.get("headers", []), own]
             await send(message)
 
         try:
-            if path.startswith(_PROTECTED):
-                headers = dict(scope["headers"])
-                self.router.authorize(headers.get(b"authorization", b"").decode("latin-1"))
-            await self.app(scope, receive, send_counted)
+            with request_log.request_context(request_id):
+                if path.startswith(_PROTECTED):
+                    self.router.authorize(headers.get(b"authorization", b"").decode("latin-1"))
+                await self.app(scope, receive, send_counted)
         except APIError as exc:
             await exc.response()(scope, receive, send_counted)
         finally:

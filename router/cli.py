@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from tandem.engine.tracing import add_tracing_argument
+
 POLICY_NAMES = ("kv-aware", "prefix-aware", "least-load", "round-robin")
 # tandem.router.structured.TOOL_PARSER_CHOICES, named here so `--help` imports no torch
 TOOL_PARSER_CHOICES = ("auto", "none", "hermes", "llama3_json", "mistral")
@@ -50,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "busy machine answers late, and is not dead)",
     )
     add_tool_call_parser(parser)
+    add_tracing_argument(parser)
     parser.add_argument("--log-level", default="info")
 
 

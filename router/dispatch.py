@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from tandem.engine import request_log, tracing
 from tandem.router.errors import APIError, InvalidRequest, Unavailable, UpstreamFailed
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
@@ -140,13 +141,24 @@ class Dispatcher:
         prefill_state = self.pool.workers.get(prefill.url) if prefill else None
         _count(+1, decode_state, prefill_state)
         finished = False
+        logger.info(
+            "request %s: decode %s, prefill %s", job.request_id, decode.url,
+            prefill.url if prefill else None,
+        )  # fmt: skip
+        request_id = request_log.current()
+        headers = tracing.current_carrier()  # the choice's span: the decode node's parent
+        if request_id:
+            headers[request_log.HEADER] = request_id
         try:
-            async with self.http.stream("POST", f"{decode.url}/generate", json=body) as r:
+            async with self.http.stream(
+                "POST", f"{decode.url}/generate", json=body, headers=headers
+            ) as r:
                 await self._check_status(r)
                 async for line in r.aiter_lines():
                     if not line:
                         continue
                     record = json.loads(line)
+                    record["received_at"] = time.monotonic()  # phase metrics: off the wire
                     _count(-1, prefill_state)  # the prefill part is over
                     prefill_state = None
                     finished = record["finish_reason"] is not None

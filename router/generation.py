@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,10 +22,15 @@ from typing import Any
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from tandem.engine import request_log, tracing
+from tandem.engine.tracing import Tracing
 from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import APIError, TooManyRequests
 from tandem.router.metrics import RouterMetrics
+from tandem.router.phase_metrics import ChoiceClock
 from tandem.router.responses import ChoiceState, Format, usage
+
+logger = logging.getLogger(__name__)
 
 _END = object()
 
@@ -55,17 +61,35 @@ class Generation:
         }
 
     @property
-    def usage(self) -> dict[str, int]:
-        return usage(self.num_prompt_tokens, sum(s.completion_tokens for s in self.states))
+    def usage(self) -> dict[str, Any]:
+        completion = sum(s.completion_tokens for s in self.states)
+        return usage(self.num_prompt_tokens, completion, self.num_cached_tokens)
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens found in a prefix cache, counted once per prompt (its `n` choices
+        share it; each says what its decode node found)."""
+        per_prompt: dict[int, int] = {}
+        for job, state in zip(self.jobs, self.states):
+            key = id(job.prompt)
+            per_prompt[key] = max(per_prompt.get(key, 0), state.cached_tokens)
+        return sum(per_prompt.values())
 
 
 class GenerationRunner:
     """Runs generations; at most `max_inflight` at once (the rest get a 429)."""
 
-    def __init__(self, dispatcher: Dispatcher, metrics: RouterMetrics, max_inflight: int) -> None:
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        metrics: RouterMetrics,
+        max_inflight: int,
+        tracing: Tracing | None = None,
+    ) -> None:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.max_inflight = max_inflight
+        self.tracing = tracing or Tracing.off()
         self.inflight = 0
 
     async def respond(
@@ -140,17 +164,17 @@ class GenerationRunner:
         queue: asyncio.Queue = asyncio.Queue()
         start = time.monotonic()
         first_token = True
-
-        async def run(index: int, job: Job) -> None:
-            try:
-                async for record in self.dispatcher.records(job, buffered):
-                    await queue.put((index, record))
-            except APIError as exc:
-                await queue.put((index, exc))
-            finally:
-                await queue.put((index, _END))
-
-        tasks = [asyncio.create_task(run(i, job)) for i, job in enumerate(gen.jobs)]
+        attributes = {
+            "tandem.request_id": request_log.current(),
+            "tandem.response_id": gen.response_id,
+            "tandem.num_choices": len(gen.jobs),
+        }
+        root = self.tracing.start("tandem.router.request", None, **attributes)
+        parent = tracing.carrier(root)
+        tasks = [
+            asyncio.create_task(self._run_choice(i, job, buffered, queue, parent))
+            for i, job in enumerate(gen.jobs)
+        ]
         try:
             remaining = len(tasks)
             while remaining:
@@ -166,6 +190,32 @@ class GenerationRunner:
         finally:
             for task in tasks:
                 task.cancel()
+            tracing.end(root)
+
+    async def _run_choice(
+        self, index: int, job: Job, buffered: bool, queue: asyncio.Queue, parent: tracing.Carrier
+    ) -> None:
+        """Put the choice's records (or its APIError), then _END, on `queue`; observe how
+        it went in the metrics, the log and its span (a child of `parent`)."""
+        clock, failed = ChoiceClock(time.monotonic()), False
+        attributes = {
+            "tandem.request_id": request_log.current(),
+            "tandem.choice_id": job.request_id,
+        }
+        with self.tracing.span("tandem.router.choice", parent, **attributes) as span:
+            try:
+                async for record in self.dispatcher.records(job, buffered):
+                    clock.on_record(record)
+                    await queue.put((index, record))
+            except APIError as exc:
+                failed = True
+                await queue.put((index, exc))
+            finally:
+                self.metrics.phases.observe(clock, failed)
+                reason = "error" if failed else clock.finish_reason or "abort"
+                logger.info("request %s: %s", job.request_id, reason)
+                _annotate(span, clock, reason)
+                await queue.put((index, _END))
 
     def _observe_done(self, gen: Generation, start: float) -> None:
         m = self.metrics
@@ -218,6 +268,17 @@ class _Stream(StreamingResponse):
             with contextlib.suppress(RuntimeError):  # already closed by its own end
                 await self.events.aclose()
             self.on_close()
+
+
+def _annotate(span, clock: ChoiceClock, reason: str) -> None:
+    """The choice's outcome and phases on its span (None: tracing is off)."""
+    if span is None:
+        return
+    span.set_attribute("tandem.finish_reason", reason)
+    if clock.usage is not None:
+        span.set_attribute("tandem.completion_tokens", clock.usage["completion_tokens"])
+    for phase, seconds in clock.phases().items():
+        span.set_attribute(f"tandem.phase.{phase}_s", seconds)
 
 
 def _data(obj: dict[str, Any]) -> str:

@@ -1,13 +1,16 @@
 """The router's Prometheus metrics: requests by endpoint and status, what users see (time
 to first token, end-to-end latency, tokens), routing time, per-worker selections, retries,
 failed requests (answered with a 5xx or ended by an SSE error event), worker health and
-restarts. Labels `model`, `role="router"`, `pod`; never a request id."""
+restarts; per-request phases, lengths and finish reasons (`tandem.router.phase_metrics`);
+the process's CPU, memory and open file descriptors. Labels `model`, `role="router"`,
+`pod`; never a request id."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from tandem.engine.metrics import LABELS, LATENCY_BUCKETS
+from tandem.router.phase_metrics import PhaseMetrics
 from tandem.router.policy import Route
 
 ROUTING_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1)
@@ -74,6 +77,8 @@ class RouterMetrics:
             "tandem_router_worker_healthy", "1 when the worker passes health checks.",
             (*LABELS, "worker", "worker_role"), registry=r,
         )  # fmt: skip
+        self.phases = PhaseMetrics(r, self._labels)
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, _resident_memory_bytes, ...
 
     def child(self, metric, **labels: str):
         """`metric` bound to the router's labels plus `labels`."""

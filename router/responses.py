@@ -28,6 +28,7 @@ class ChoiceState:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the decode node found in a prefix cache
     text_offset: int = 0  # completions: where the next token's text starts
     tool_stream: ToolCallStream | None = None  # chat with tools, streamed: what was sent
 
@@ -39,13 +40,15 @@ class ChoiceState:
             self.finish_reason = record["finish_reason"]
             self.stop_reason = record.get("stop_reason")
             self.completion_tokens = record["usage"]["completion_tokens"]
+            self.cached_tokens = record["usage"].get("cached_tokens", 0)
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from tandem.engine.ports import free_port
+from tandem.engine.tracing import add_tracing_argument
 from tandem.router.cli import POLICY_NAMES, add_tool_call_parser
 from tandem.router.supervisor import Child, RestartPolicy, Supervisor
 
@@ -36,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="per node")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
     parser.add_argument("--log-level", default="warning", help="children's log level")
+    add_tracing_argument(parser)
     parser.add_argument("--ready-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument(
         "--prefill-timeout", type=float, default=None, help="decode nodes' flag of that name"
@@ -86,8 +88,8 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     """The command line of every child: prefill nodes, decode nodes, then the router."""
     python = [sys.executable, "-P", "-m"]
     common = ["--model", str(model), "--threads", str(args.threads), "--log-level", args.log_level]
-    for flag in ("max_model_len", "num_kv_blocks"):
-        if getattr(args, flag) is not None:
+    for flag in ("max_model_len", "num_kv_blocks", "otlp_traces_endpoint"):
+        if getattr(args, flag, None) is not None:
             common += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     children = []
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
@@ -103,8 +105,9 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     router = [*python, "tandem.router", "--model", str(model), "--host", args.host]
     router += ["--port", str(args.port), "--policy", args.policy, "--log-level", args.log_level]
     router += ["--tool-call-parser", args.tool_call_parser]
-    if args.max_model_len is not None:
-        router += ["--max-model-len", str(args.max_model_len)]
+    for flag in ("max_model_len", "otlp_traces_endpoint"):
+        if getattr(args, flag, None) is not None:
+            router += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     router += ["--prefill", *(c.url for c in children if c.name.startswith("prefill"))]
     router += ["--decode", *(c.url for c in children if c.name.startswith("decode"))]
     children.append(Child("router", router, f"http://{args.host}:{args.port}"))

@@ -11,7 +11,9 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from tandem.engine.config import ModelConfig
+from tandem.engine.request_log import configure_logging
 from tandem.engine.tokenizer import load_tokenizer
+from tandem.engine.tracing import Tracing
 from tandem.router.app import Router, RouterOptions
 from tandem.router.discovery import EndpointSliceDiscovery, StaticDiscovery
 from tandem.router.metrics import RouterMetrics
@@ -39,7 +41,8 @@ def build_router(args: argparse.Namespace) -> Router:
         args.health_timeout,
     )
     metrics = RouterMetrics(CollectorRegistry(), name, pod)
-    return Router(pre, POLICIES[args.policy], _discovery(args), metrics, options)
+    tracing = Tracing("tandem-router", args.otlp_traces_endpoint)
+    return Router(pre, POLICIES[args.policy], _discovery(args), metrics, options, tracing)
 
 
 def _discovery(args: argparse.Namespace) -> Discovery:
@@ -53,11 +56,14 @@ def _discovery(args: argparse.Namespace) -> Discovery:
 
 
 def run(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    configure_logging(args.log_level)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per health check otherwise
     router = build_router(args)
     logger.info("router for %s, policy %s", router.pre.limits.name, args.policy)
     config = uvicorn.Config(
         router.app, host=args.host, port=args.port, log_level=args.log_level, access_log=False
     )
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run()
+    finally:
+        router.tracing.shutdown()

@@ -14,6 +14,7 @@ one final record and no block is held.
 
 from __future__ import annotations
 
+import logging
 from types import SimpleNamespace
 
 import hypothesis.strategies as st
@@ -36,6 +37,7 @@ from tandem.engine.kv_transfer import (
     encode,
 )
 from tandem.engine.metrics import NodeMetrics
+from tandem.engine.request_log import RequestIdFilter
 from tandem.engine.scheduler import Scheduler, remote_hold_key
 from tests.engine.test_scheduler import VOCAB, fake_run
 from tests.engine.test_scheduler_machine import shared_prefix_prompt, tokens_alone
@@ -121,6 +123,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
             {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0},
             prefill=WORKERS[0] if remote else None,
             prefill_alternates=list(WORKERS) if remote else [],
+            log_id=f"client-{request_id}",
         )
         self.worker.add(inp, self.records[request_id].append)
         self.expected[request_id] = tokens_alone(prompt, max_tokens)
@@ -246,6 +249,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         assert not self.worker.streams, "streams never finish"
         kv = self.worker.core.kv
         assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
+        assert not self.worker.hold_log_ids, "log ids outlive their holds"
         for request_id, records in self.records.items():
             final = records[-1]
             tokens = [t for r in records for t in r["token_ids"]]
@@ -290,3 +294,22 @@ def test_an_attempt_that_was_never_sent_holds_no_blocks():
     machine.step()  # prefilled here
     machine.teardown()
     assert [r["finish_reason"] for r in machine.records["r0"]][-1] == "length"
+
+
+def test_lines_about_a_hold_that_outlives_its_request_carry_the_request_id(caplog):
+    """The client leaves while the prefill worker is silent: the attempt's hold waits for
+    it, then times out; that line names the client's request id too."""
+    caplog.handler.addFilter(RequestIdFilter())
+    caplog.set_level(logging.INFO, logger="tandem.decode_node.worker")
+    machine = DecodeWorkerMachine()
+    machine.add(prefix=0, tail=0, max_tokens=3, remote=True)
+    machine.step()  # sent to the prefill worker
+    assert machine.worker.abort("r0")
+    machine.step()  # the abort sent; the hold waits for its answer
+    machine.worker.hold_deadlines["r0@1"] = 0.0
+    machine.step()
+    lines = [(r.request_id, r.getMessage()) for r in caplog.records]
+    assert ("client-r0", "hold r0@1: no confirmation from the prefill worker; releasing") in lines
+    assert [m for rid, m in lines if "r0" in m and rid != "client-r0"] == []
+    assert not machine.worker.hold_log_ids
+    machine.teardown()
