@@ -184,7 +184,9 @@ class GenerationRunner:
                     continue
                 if first_token and isinstance(item, dict) and item["token_ids"]:
                     first_token = False
-                    self.metrics.child(self.metrics.ttft).observe(time.monotonic() - start)
+                    # a buffered (non-streamed) record is seen at the end: its wire time counts
+                    seen = item.get("received_at") or time.monotonic()
+                    self.metrics.child(self.metrics.ttft).observe(seen - start)
                 yield index, item
             self._observe_done(gen, start)
         finally:

@@ -90,3 +90,22 @@ def test_a_disaggregated_request_is_broken_into_phases(serve, client, tokenizer)
         # a prefill node's steps are prompt chunks, a decode node's include decode steps
         assert metric_value(text, "tandem_iteration_tokens_total_count") > 0, worker
     assert metric_value(after, "process_cpu_seconds_total") > 0
+
+
+def test_a_non_streamed_request_times_its_first_token_when_it_came_off_the_wire(serve, client):
+    """The router holds a non-streamed choice's records until the last one; its time to first
+    token is still when the first token arrived, not when the reply was complete."""
+    before = scrape(serve.url)
+    client.completions.create(
+        model="llama", prompt="Once upon a time", max_tokens=24, extra_body={"ignore_eos": True}
+    )
+    after = scrape(serve.url)
+
+    def grew(name: str, **labels: str) -> float:
+        return metric_value(after, name, **labels) - metric_value(before, name, **labels)
+
+    assert grew("tandem_time_to_first_token_seconds_count") == 1
+    decode = grew(f"{PHASE}_sum", phase="decode")  # first -> last token, off the wire
+    assert decode > 0
+    e2e = grew("tandem_e2e_request_latency_seconds_sum")
+    assert grew("tandem_time_to_first_token_seconds_sum") <= e2e - decode
