@@ -40,7 +40,9 @@ class WorkerRanks:
         self.processes: list[BaseProcess] = []
         self.conns: list[Connection] = []
         self._lifelines: list[Connection] = []
+        # Per rank 1..N-1 once loaded: peak RSS, and how much loading its shard added to it.
         self.peak_rss_bytes: list[int] = []
+        self.load_rss_bytes: list[int] = []
         for rank in range(1, config.tensor_parallel_size):
             parent, child = ctx.Pipe()
             watch, keep = ctx.Pipe(duplex=False)
@@ -64,7 +66,9 @@ class WorkerRanks:
     def wait_loaded(self) -> None:
         """Block until every rank has loaded its shard. Raises RankStartupError naming the
         first rank that died or failed."""
-        self.peak_rss_bytes = [self._expect(i, "loaded")[1] for i in range(len(self.conns))]
+        loaded = [self._expect(i, "loaded") for i in range(len(self.conns))]
+        self.peak_rss_bytes = [message[1] for message in loaded]
+        self.load_rss_bytes = [message[2] for message in loaded]
 
     def connect(self, tp: TensorParallel, device: torch.device) -> None:
         """Host the group's store, let every rank join, join as rank 0, and wait until

@@ -6,7 +6,8 @@ rank 0's process is gone, however that happens, even while this rank waits in a
 collective that would otherwise never return.
 
 Pipe protocol, rank 0 -> rank: ("connect", port), then one StepBatch per step, then None.
-Rank -> rank 0: ("loaded", peak RSS bytes) or ("failed", traceback), then ("ready",).
+Rank -> rank 0: ("loaded", peak RSS bytes, its growth while loading) or ("failed",
+traceback), then ("ready",).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def run_worker(
 ) -> None:
     """Serve as rank `rank` until rank 0 sends None or goes away."""
     _follow_parent(lifeline)
+    rss_before = peak_rss_bytes()
     torch.set_num_threads(num_threads)
     config = rank_config(config, rank)
     if config.device.type == "cuda":
@@ -75,7 +77,7 @@ def run_worker(
     except BaseException:
         conn.send(("failed", traceback.format_exc()))
         raise SystemExit(1) from None
-    conn.send(("loaded", peak_rss_bytes()))
+    conn.send(("loaded", peak_rss_bytes(), peak_rss_bytes() - rss_before))
     _, port = conn.recv()
     connect_rank(tp, port, config.device)
     shard.capture_graphs()
