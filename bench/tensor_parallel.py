@@ -109,15 +109,15 @@ def _engine_memory(queue, model_dir: str, tp: int) -> None:
     import torch
 
     from tandem.engine import LLM
-    from tandem.engine.tp_worker import peak_rss_bytes
+    from tandem.engine.tp_worker import peak_rss_bytes, rss_bytes
 
     torch.set_num_threads(1)
-    before = peak_rss_bytes()
+    before = rss_bytes()
     llm = LLM(model_dir, num_kv_blocks=16, tensor_parallel_size=tp, kernels="torch")
     weights = sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
     workers = llm.engine.runner.workers
     peaks = [peak_rss_bytes(), *(workers.peak_rss_bytes if workers else [])]
-    growth = [peak_rss_bytes() - before, *(workers.load_rss_bytes if workers else [])]
+    growth = [rss_bytes() - before, *(workers.load_rss_bytes if workers else [])]
     queue.put((weights, peaks, growth))
     llm.shutdown()
 
@@ -137,8 +137,8 @@ def bench_memory(model_dir: Path) -> None:
     base = _in_process(_baseline_rss)
     print("\n## Peak RSS per rank once loaded (MiB)\n")
     print(f"a process with torch and the engine imported, nothing loaded: {base / mib:.0f} MiB\n")
-    print("Peak RSS, and in brackets what building and loading the engine added to it (rank 0")
-    print("also loads the tokenizer and the engine's other parts).\n")
+    print("Peak RSS, and in brackets the RSS that building and loading the engine added (rank")
+    print("0 also loads the tokenizer and the engine's other parts).\n")
     print("| TP | weights held per rank | rank 0 | rank 1 |")
     print("| ---: | ---: | ---: | ---: |")
     for tp in (1, 2):

@@ -40,7 +40,7 @@ class WorkerRanks:
         self.processes: list[BaseProcess] = []
         self.conns: list[Connection] = []
         self._lifelines: list[Connection] = []
-        # Per rank 1..N-1 once loaded: peak RSS, and how much loading its shard added to it.
+        # Per rank 1..N-1 once loaded: peak RSS, and the RSS that loading its shard added.
         self.peak_rss_bytes: list[int] = []
         self.load_rss_bytes: list[int] = []
         for rank in range(1, config.tensor_parallel_size):

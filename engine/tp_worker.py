@@ -6,7 +6,7 @@ rank 0's process is gone, however that happens, even while this rank waits in a
 collective that would otherwise never return.
 
 Pipe protocol, rank 0 -> rank: ("connect", port), then one StepBatch per step, then None.
-Rank -> rank 0: ("loaded", peak RSS bytes, its growth while loading) or ("failed",
+Rank -> rank 0: ("loaded", peak RSS bytes, RSS added by loading) or ("failed",
 traceback), then ("ready",).
 """
 
@@ -35,6 +35,12 @@ CONNECT_TIMEOUT = timedelta(minutes=5)
 def peak_rss_bytes() -> int:
     """This process's peak resident memory (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
@@ -66,7 +72,7 @@ def run_worker(
 ) -> None:
     """Serve as rank `rank` until rank 0 sends None or goes away."""
     _follow_parent(lifeline)
-    rss_before = peak_rss_bytes()
+    rss_before = rss_bytes()
     torch.set_num_threads(num_threads)
     config = rank_config(config, rank)
     if config.device.type == "cuda":
@@ -77,7 +83,7 @@ def run_worker(
     except BaseException:
         conn.send(("failed", traceback.format_exc()))
         raise SystemExit(1) from None
-    conn.send(("loaded", peak_rss_bytes(), peak_rss_bytes() - rss_before))
+    conn.send(("loaded", peak_rss_bytes(), rss_bytes() - rss_before))
     _, port = conn.recv()
     connect_rank(tp, port, config.device)
     shard.capture_graphs()
