@@ -189,3 +189,26 @@ def test_generate_command_runs_two_ranks(llama_dir, llm):
     ]
     assert outputs[0].startswith("'the cat' -> ")
     assert outputs[1] == outputs[0]
+
+
+def test_two_ranks_through_the_triton_kernels(llama_dir):
+    """The Triton path with two ranks (the CPU interpreter here): each rank's attention
+    backend over its own heads, and the decode buckets' static buffers in every rank."""
+    kwargs = {"kernels": "triton", "block_size": 4, "num_kv_blocks": 24, "max_num_seqs": 4}
+    one = LLM(str(llama_dir), **kwargs)
+    two = LLM(str(llama_dir), tensor_parallel_size=2, **kwargs)
+    assert two.engine.runner.graphs is not None
+    batch = prompts(one.engine.config.model.vocab_size, [3, 17, 40])
+    params = SamplingParams(temperature=0, max_tokens=6, min_tokens=6, logprobs=2)
+    outs = [
+        llm.generate(prompt_token_ids=batch, sampling_params=params, use_tqdm=False)
+        for llm in (one, two)
+    ]
+    for prompt, ref, ours in zip(batch, *outs):
+        assert_greedy_agrees(
+            ours.outputs[0].token_ids,
+            ref.outputs[0].token_ids,
+            logprob_gap(ref.outputs[0]),
+            f"triton, prompt of {len(prompt)} tokens",
+        )
+    two.shutdown()
