@@ -27,7 +27,12 @@ _STOP_GRACE_S = 30.0
 
 
 class RankStartupError(RuntimeError):
-    """A tensor-parallel rank died or failed before the group was ready."""
+    """A tensor-parallel rank died or failed before the group was ready. `pids`: every
+    rank's process (all stopped by the time the engine's constructor raises this)."""
+
+    def __init__(self, message: str, pids: list[int]) -> None:
+        super().__init__(message)
+        self.pids = pids
 
 
 class WorkerRanks:
@@ -43,6 +48,7 @@ class WorkerRanks:
         # Per rank 1..N-1 once loaded: peak RSS, and the RSS that loading its shard added.
         self.peak_rss_bytes: list[int] = []
         self.load_rss_bytes: list[int] = []
+        self._store: dist.TCPStore | None = None  # rank 0 hosts it while the group lives
         for rank in range(1, config.tensor_parallel_size):
             parent, child = ctx.Pipe()
             watch, keep = ctx.Pipe(duplex=False)
@@ -79,7 +85,7 @@ class WorkerRanks:
         for conn in self.conns:
             conn.send(("connect", store.port))
         tp.connect(store, device)
-        self._store = store  # rank 0 hosts it while the group lives
+        self._store = store
 
     def wait_ready(self) -> None:
         for i in range(len(self.conns)):
@@ -99,12 +105,14 @@ class WorkerRanks:
             if message is not None and message[0] == "failed":
                 raise RankStartupError(
                     f"tensor-parallel rank {rank} (pid {process.pid}) failed during start-up:\n"
-                    f"{message[1]}"
+                    f"{message[1]}",
+                    self.pids,
                 )
         process.join()
         raise RankStartupError(
             f"tensor-parallel rank {rank} (pid {process.pid}) exited with code "
-            f"{process.exitcode} during start-up, before it was {kind}"
+            f"{process.exitcode} during start-up, before it was {kind}",
+            self.pids,
         )
 
     def broadcast(self, batch: StepBatch) -> None:

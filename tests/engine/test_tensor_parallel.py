@@ -123,22 +123,20 @@ def test_more_ranks_than_gpus_is_refused(llama_dir):
 
 
 def _rank_two_dies(config, rank, conn, lifeline, num_threads) -> None:
-    """A rank main for the test below: records its pid; rank 2 dies starting, the others
-    run the real rank."""
-    Path(os.environ["TANDEM_TEST_PID_DIR"], str(rank)).write_text(str(os.getpid()))
+    """A rank main for the test below: rank 2 dies starting, the others run the real rank."""
     if rank == 2:
         os._exit(3)
     tp_worker.run_worker(config, rank, conn, lifeline, num_threads)
 
 
-def test_a_rank_dying_at_start_up_is_named_and_every_rank_stopped(llama_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("TANDEM_TEST_PID_DIR", str(tmp_path))
+def test_a_rank_dying_at_start_up_is_named_and_every_rank_stopped(llama_dir, monkeypatch):
     monkeypatch.setattr(tp_worker, "run_worker", _rank_two_dies)
-    with pytest.raises(RankStartupError, match=r"rank 2 \(pid \d+\) exited with code 3"):
+    with pytest.raises(RankStartupError, match=r"rank 2 \(pid \d+\) exited with code 3") as e:
         LLM(str(llama_dir), num_kv_blocks=8, kernels="torch", tensor_parallel_size=4)
-    pids = [int(p.read_text()) for p in sorted(tmp_path.iterdir())]
-    assert len(pids) == 3  # ranks 1, 2 and 3 all started
-    _wait_gone(pids)
+    assert len(e.value.pids) == 3  # ranks 1, 2 and 3
+    assert f"(pid {e.value.pids[1]})" in str(e.value)
+    # Gone, not orphaned: the engine killed and reaped ranks 1 and 3 before raising.
+    assert all(_process_gone(pid) for pid in e.value.pids)
 
 
 _ORPHAN_SCRIPT = """
