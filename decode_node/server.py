@@ -25,7 +25,13 @@ from tandem.decode_node.prefill_client import PrefillClient
 from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
 from tandem.engine import request_log, tracing
 from tandem.engine.kv_events import KVEventPublisher
-from tandem.engine.node_core import NodeCore, NodeIdentity, configure_process, engine_args_from
+from tandem.engine.node_core import (
+    PD_NEEDS_ONE_RANK,
+    NodeCore,
+    NodeIdentity,
+    configure_process,
+    engine_args_from,
+)
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.node_server import NodeServer, error_body
 
@@ -33,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 _REMOTE_POLL_MS = 1  # NIXL notifications have no file descriptor: poll while waiting
 _IDLE_POLL_MS = 100
+# A remote-prefill threshold no prompt reaches: every prompt is prefilled locally.
+LOCAL_PREFILL_ONLY = 1 << 62
 
 
 class GenerateBody(BaseModel):
@@ -150,12 +158,19 @@ async def _records(
 
 
 def run(args: argparse.Namespace) -> None:
+    """Serve as a decode node. With a tensor-parallel size above 1 every prompt is prefilled
+    here (`PD_NEEDS_ONE_RANK`): the prefill worker the router names is not asked, and each
+    such request counts as a local decision (`tandem_disagg_decisions_total`)."""
     configure_process(args)
     identity = NodeIdentity.of(args, "decode")
     registry = CollectorRegistry()
     traces = tracing.Tracing("tandem-decode", args.otlp_traces_endpoint)
+    threshold = args.remote_prefill_threshold
+    if args.tensor_parallel_size > 1:
+        logger.warning("decode node: every prompt is prefilled here: %s", PD_NEEDS_ONE_RANK)
+        threshold = LOCAL_PREFILL_ONLY
     options = DecodeOptions(
-        args.remote_prefill_threshold,
+        threshold,
         args.on_prefill_failure,
         args.prefill_timeout,
         args.hold_timeout,
@@ -167,7 +182,7 @@ def run(args: argparse.Namespace) -> None:
             config,
             identity,
             registry,
-            args.remote_prefill_threshold,
+            threshold,
             record_events=config.cache.enable_prefix_caching,
         )
         decode_loop = DecodeLoop(core, loop, options, args.host, args.zmq_port, traces)

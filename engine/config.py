@@ -173,6 +173,28 @@ def _eos_ids(raw: dict[str, Any], gen: dict[str, Any]) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def check_tensor_parallel_size(model: ModelConfig, size: int) -> None:
+    """Raise ValueError naming the dimension when `size` ranks cannot split `model`."""
+    if size < 1:
+        raise ValueError(f"tensor_parallel_size must be at least 1, got {size}")
+    if model.num_heads % size:
+        raise ValueError(
+            f"tensor_parallel_size {size} does not divide the model's {model.num_heads} "
+            "attention heads"
+        )
+    kv = model.num_kv_heads
+    if (kv >= size and kv % size) or (kv < size and size % kv):
+        raise ValueError(
+            f"tensor_parallel_size {size} and the model's {kv} key-value heads: one must "
+            "divide the other (KV heads are split, or replicated when fewer than the ranks)"
+        )
+    if model.intermediate_size % size:
+        raise ValueError(
+            f"tensor_parallel_size {size} does not divide the model's intermediate size "
+            f"{model.intermediate_size}"
+        )
+
+
 def resolve_dtype(
     dtype: str | torch.dtype, model: ModelConfig, device: torch.device
 ) -> torch.dtype:
@@ -255,8 +277,17 @@ class EngineConfig:
     # Decode-only steps through static buffers at bucketed batch sizes, replayed from CUDA
     # graphs on a GPU (Triton kernels only).
     cuda_graphs: bool = False
+    # Ranks, one process each, splitting heads, MLP and vocabulary (`tandem.engine.parallel`).
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        check_tensor_parallel_size(self.model, self.tensor_parallel_size)
+        tp = self.tensor_parallel_size
+        if tp > 1 and self.device.type == "cuda" and tp > torch.cuda.device_count():
+            raise ValueError(
+                f"tensor_parallel_size {self.tensor_parallel_size} needs as many GPUs, but "
+                f"{torch.cuda.device_count()} are visible"
+            )
         if self.kernels not in KERNEL_BACKENDS:
             raise ValueError(f"unknown kernels {self.kernels!r}; use auto, torch or triton")
         if self.cuda_graphs and self.kernels != "triton":

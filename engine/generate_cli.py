@@ -14,12 +14,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=1,
+        help="ranks (processes, one GPU each on a GPU) splitting the model",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> None:
-    llm = LLM(args.model)
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed
     )
-    for output in llm.generate(args.prompts, params, use_tqdm=False):
-        print(f"{output.prompt!r} -> {output.outputs[0].text!r}")
+    with LLM(args.model, tensor_parallel_size=args.tensor_parallel_size) as llm:
+        for output in llm.generate(args.prompts, params, use_tqdm=False):
+            print(f"{output.prompt!r} -> {output.outputs[0].text!r}")

@@ -19,7 +19,10 @@ class LLM:
     """Generate from a local Hugging Face-style model folder, all prompts batched together.
 
     Raises OSError for a missing folder, config or weights, ValueError for an unsupported
-    architecture or invalid settings.
+    architecture or invalid settings (a `tensor_parallel_size` that does not split the
+    model's heads), `RankStartupError` when a tensor-parallel rank dies starting. With
+    `tensor_parallel_size` N > 1 the engine runs N processes; `shutdown()` (or leaving a
+    `with` block) stops and joins them, and they die with this process in any case.
     """
 
     def __init__(
@@ -39,6 +42,7 @@ class LLM:
         kernels: str = "auto",
         enforce_eager: bool = False,
         kv_hugepages: bool = False,
+        tensor_parallel_size: int = 1,
     ) -> None:
         args = EngineArgs(
             model=str(model),
@@ -55,10 +59,21 @@ class LLM:
             kernels=kernels,
             enforce_eager=enforce_eager,
             kv_hugepages=kv_hugepages,
+            tensor_parallel_size=tensor_parallel_size,
         )
         self.engine = LLMEngine.from_args(args)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the other tensor-parallel ranks. Idempotent."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def generate(
         self,

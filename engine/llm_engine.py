@@ -57,6 +57,7 @@ class EngineArgs:
     kernels: str = "auto"
     enforce_eager: bool = False
     kv_hugepages: bool = False
+    tensor_parallel_size: int = 1
 
     def create_config(self) -> EngineConfig:
         model = ModelConfig.from_pretrained(self.model)
@@ -78,6 +79,7 @@ class EngineArgs:
             self.seed,
             kernels,
             kernels == "triton" and not self.enforce_eager,
+            self.tensor_parallel_size,
         )
         num_blocks = self.num_kv_blocks or self._default_num_blocks(probe)
         check_kv_cache_fits(probe, num_blocks)
@@ -93,6 +95,7 @@ class EngineArgs:
         if probe.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(probe.device)
             weights = probe.model.num_parameters() * probe.dtype.itemsize
+            weights //= probe.tensor_parallel_size  # this rank's share, about
             budget = int(free * self.gpu_memory_utilization) - weights - activation_bytes(probe)
             if budget < block_bytes:
                 raise ValueError(f"no GPU memory left for the KV cache ({free} bytes free)")
@@ -229,6 +232,11 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def shutdown(self) -> None:
+        """Stop and join the other tensor-parallel ranks (nothing at one rank). The engine
+        cannot step afterwards. Idempotent."""
+        self.runner.close()
 
     def check_integrity(self) -> BlockCounts:
         """Assert the KV-cache invariants (see `KVCacheManager.check_integrity`)."""

@@ -1,11 +1,16 @@
 """The safetensors loader: single-file and sharded checkpoints, names mapped by the model's
-`packed_modules` table, every parameter accounted for."""
+`packed_modules` table, every parameter accounted for.
+
+Tensors are opened lazily (`get_slice`): a parameter with a `weight_loader` reads only its
+slice (a tensor-parallel rank's rows or columns), any other reads the whole tensor.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -31,11 +36,13 @@ def checkpoint_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
-def iterate_tensors(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_slices(model_dir: str | Path) -> Iterator[tuple[str, Any]]:
+    """(name, lazy tensor) for every checkpoint tensor; indexing a lazy tensor reads only
+    the bytes asked for. Valid until the next item."""
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
 
 
 def load_weights(model: nn.Module, model_dir: str | Path) -> None:
@@ -49,7 +56,7 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
     ignored: tuple[str, ...] = getattr(model, "ignored_suffixes", ())
     tied = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
     loaded: set[tuple[str, object]] = set()
-    for name, tensor in iterate_tensors(model_dir):
+    for name, source in iterate_slices(model_dir):
         if name.endswith(ignored) or (tied and name == "lm_head.weight"):
             continue
         target, shard = _map_name(name, packed)
@@ -57,7 +64,7 @@ def load_weights(model: nn.Module, model_dir: str | Path) -> None:
         if param is None:
             raise ValueError(f"unexpected tensor {name!r} in checkpoint {model_dir}")
         try:
-            _load_one(param, tensor, shard)
+            _load_one(param, source, shard)
         except ValueError as e:
             raise ValueError(f"tensor {name!r}: {e}") from None
         loaded.add((target, shard))
@@ -78,11 +85,13 @@ def _map_name(name: str, packed: dict[str, tuple[str, str | int]]) -> tuple[str,
     return name, None
 
 
-def _load_one(param: nn.Parameter, tensor: torch.Tensor, shard: str | int | None) -> None:
+def _load_one(param: nn.Parameter, source: Any, shard: str | int | None) -> None:
     with torch.no_grad():
-        if shard is not None:
-            param.weight_loader(param, tensor, shard)  # type: ignore[attr-defined]
+        loader = getattr(param, "weight_loader", None)
+        if loader is not None:
+            loader(param, source, shard)
             return
-        if param.shape != tensor.shape:
-            raise ValueError(f"shape {tuple(tensor.shape)} != expected {tuple(param.shape)}")
-        param.data.copy_(tensor)
+        shape = tuple(source.get_shape())
+        if shape != tuple(param.shape):
+            raise ValueError(f"shape {shape} != expected {tuple(param.shape)}")
+        param.data.copy_(source[:])

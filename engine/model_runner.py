@@ -1,4 +1,5 @@
-"""The model runner: loads the model, owns the KV-cache tensor, runs one flat batch per step.
+"""The model runner: rank 0's side of one flat batch per step (its shard, the other ranks,
+the sampler).
 
 Each step is flattened into varlen tensors: `input_ids` and `positions` [T], and the
 attention metadata (`query_start_loc`, `seq_lens`, `block_tables`, `slot_mapping`). Only
@@ -12,60 +13,30 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from tandem.engine.attention import AttentionBackend, AttentionBatch, CommonAttentionMetadata
+from tandem.engine.attention import AttentionBackend
 from tandem.engine.config import EngineConfig
 from tandem.engine.cuda_graphs import DecodeGraphs
-from tandem.engine.host_memory import hugepage_zeros
-from tandem.engine.loader import load_weights
-from tandem.engine.models.registry import model_class
+from tandem.engine.model_shard import (
+    ModelShard,
+    allocate_kv_cache,
+    kv_block_bytes,
+    select_attention_backend,
+)
+from tandem.engine.parallel import TensorParallel
 from tandem.engine.request import Request
 from tandem.engine.sampler import Sampler
 from tandem.engine.scheduler import ModelRunnerOutput, SchedulerOutput
+from tandem.engine.step_batch import StepBatch
 from tandem.engine.step_event import StepEvent
-from tandem.engine.torch_attention import TorchAttentionBackend
-from tandem.kernels.attention_plan import device_num_sms
-from tandem.kernels.ops import kernel_ops
+from tandem.engine.tp_group import WorkerRanks
 
-
-def select_attention_backend(config: EngineConfig) -> AttentionBackend:
-    """The plain-torch backend with the torch kernels; Triton's with the Triton kernels."""
-    m = config.model
-    if config.kernels == "torch":
-        return TorchAttentionBackend(
-            config.cache.block_size, sliding_window=m.sliding_window, dtype=config.dtype
-        )
-    from tandem.engine.triton_attention import TritonAttentionBackend
-
-    return TritonAttentionBackend(
-        m.num_kv_heads,
-        m.num_heads // m.num_kv_heads,
-        device_num_sms(config.device),
-        sliding_window=m.sliding_window,
-        dtype=config.dtype,
-    )
-
-
-def allocate_kv_cache(config: EngineConfig) -> torch.Tensor:
-    """The block-major cache: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]."""
-    m = config.model
-    shape = (
-        config.cache.num_blocks,
-        m.num_layers,
-        2,
-        config.cache.block_size,
-        m.num_kv_heads,
-        m.head_dim,
-    )
-    if config.cache.hugepages:
-        return hugepage_zeros(shape, config.dtype)
-    return torch.zeros(shape, dtype=config.dtype, device=config.device)
-
-
-def kv_block_bytes(config: EngineConfig) -> int:
-    """Bytes of one KV block (every layer's K and V for `block_size` tokens)."""
-    m = config.model
-    elem = torch.empty((), dtype=config.dtype).element_size()
-    return m.num_layers * 2 * config.cache.block_size * m.num_kv_heads * m.head_dim * elem
+__all__ = [
+    "ModelRunner",
+    "activation_bytes",
+    "allocate_kv_cache",
+    "kv_block_bytes",
+    "select_attention_backend",
+]
 
 
 def activation_bytes(config: EngineConfig) -> int:
@@ -82,68 +53,85 @@ def activation_bytes(config: EngineConfig) -> int:
 
 
 class ModelRunner:
-    """Owns the model weights and the KV cache; reads the scheduled requests' token ids and
-    block ids, never mutates the requests (the scheduler applies the output)."""
+    """Rank 0's runner: flattens each step into a `StepBatch`, has every rank run it, and
+    samples from the gathered logits. Owns rank 0's `ModelShard` and, with tensor
+    parallelism, the other ranks' processes (`close` stops them). Reads the scheduled
+    requests' token ids and block ids, never mutates the requests (the scheduler applies
+    the output)."""
 
     def __init__(self, config: EngineConfig, block_ids_of: Callable[[str], list[int]]) -> None:
-        """`block_ids_of(request_id) -> list[int]` reads a request's block table."""
+        """`block_ids_of(request_id) -> list[int]` reads a request's block table. With
+        `tensor_parallel_size` N > 1, spawns ranks 1..N-1 and returns once all are ready;
+        raises `RankStartupError` naming a rank that died or failed (every rank stopped)."""
         self.config = config
         self.device = config.device
         self.block_size = config.cache.block_size
         self.block_ids_of = block_ids_of
-        ops = kernel_ops(config.kernels)
-        with torch.device(config.device):
-            self.model = model_class(config.model)(config.model, ops).to(config.dtype)
-        load_weights(self.model, config.model_dir)
-        self.model.eval()
-        self.kv_cache = allocate_kv_cache(config)
-        self.backend = select_attention_backend(config)
         self.sampler = Sampler()
-        self.graphs = self._decode_graphs() if config.cuda_graphs else None
+        self.workers: WorkerRanks | None = None
+        tp = TensorParallel(config.model, 0, config.tensor_parallel_size)
+        if tp.size == 1:
+            self.shard = ModelShard(config, tp)
+            self.shard.capture_graphs()
+            return
+        threads = max(1, torch.get_num_threads() // tp.size) if self.device.type == "cpu" else 1
+        self.workers = WorkerRanks(config, threads)
+        try:
+            if self.device.type == "cpu":
+                torch.set_num_threads(threads)
+            self.shard = ModelShard(config, tp)
+            self.workers.wait_loaded()
+            self.workers.connect(tp, self.device)
+            self.shard.capture_graphs()
+            self.workers.wait_ready()
+        except BaseException:
+            self.workers.kill()
+            self.workers = None
+            raise
 
-    def _decode_graphs(self) -> DecodeGraphs:
-        c = self.config
-        graphs = DecodeGraphs(
-            self._forward,
-            self.backend,
-            c.scheduler.max_num_seqs,
-            -(-c.scheduler.max_model_len // self.block_size) + 1,  # + the next step's block
-            c.scheduler.max_model_len,
-            self.device,
-        )
-        with torch.inference_mode():
-            graphs.capture()
-        return graphs
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.shard.model
 
-    def _forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBatch
-    ) -> torch.Tensor:  # [T] ids, [T] positions -> [T, H]
-        return self.model(input_ids, positions, self.kv_cache, attn)
+    @property
+    def kv_cache(self) -> torch.Tensor:
+        """Rank 0's KV cache: [num_blocks, num_layers, 2, block_size, its KV heads, D]."""
+        return self.shard.kv_cache
+
+    @property
+    def backend(self) -> AttentionBackend:
+        return self.shard.backend
+
+    @property
+    def graphs(self) -> DecodeGraphs | None:
+        return self.shard.graphs
+
+    def close(self) -> None:
+        """Stop and join the other ranks (nothing at one rank). Idempotent."""
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
+            self.shard.tp.group = None
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        input_ids, positions, common, sample_rows = self._prepare(out)
-        if self.graphs is not None and self.graphs.can_run(common):
-            hidden = self.graphs.run(input_ids, positions, common)  # [T, H]
-        else:
-            attn = AttentionBatch(self.backend, self.backend.build(common))
-            hidden = self._forward(input_ids, positions, attn)  # [T, H]
+        batch = self._prepare(out)
+        if self.workers is not None:
+            self.workers.broadcast(batch)
+        hidden, logits = self.shard.forward(batch)  # [T, H], [S, V]
         kv_written = StepEvent.record(hidden.device)
         num_seqs = len(out.scheduled)
         sampled: list[int | None] = [None] * num_seqs
         logprobs: list = [None] * num_seqs
-        if sample_rows:
-            last_token = torch.from_numpy(common.query_start_loc_cpu[1:][sample_rows] - 1)
-            logits = self.model.compute_logits(hidden[last_token.to(self.device)])  # [S, V]
+        if logits is not None:
+            sample_rows = batch.sample_rows
             result = self.sampler(logits, [out.scheduled[i] for i in sample_rows])
             for row, token_id, lp in zip(sample_rows, result.token_ids, result.logprobs):
                 sampled[row] = token_id
                 logprobs[row] = lp
         return ModelRunnerOutput(sampled, logprobs, kv_written)
 
-    def _prepare(
-        self, out: SchedulerOutput
-    ) -> tuple[torch.Tensor, torch.Tensor, CommonAttentionMetadata, list[int]]:
+    def _prepare(self, out: SchedulerOutput) -> StepBatch:
         requests: Sequence[Request] = out.scheduled
         num_sched = np.asarray(out.num_scheduled_tokens, dtype=np.int32)  # [B]
         computed = np.fromiter((r.num_computed_tokens for r in requests), np.int32, len(requests))
@@ -167,12 +155,16 @@ class ModelRunner:
         rows = np.repeat(np.arange(len(requests)), num_sched)
         slots = block_tables[rows, positions // self.block_size].astype(np.int64)
         slots = slots * self.block_size + positions % self.block_size  # [T]
-        common = CommonAttentionMetadata.from_host(
-            query_start_loc, seq_lens, block_tables, slots, self.device
+        return StepBatch(
+            input_ids=np.array(input_ids, dtype=np.int64),
+            positions=positions.astype(np.int64),
+            query_start_loc=query_start_loc,
+            seq_lens=seq_lens,
+            block_tables=block_tables,
+            slot_mapping=slots,
+            sample_rows=sample_rows,
+            logits_indices=(query_start_loc[1:][sample_rows] - 1).astype(np.int64),
         )
-        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        pos = torch.from_numpy(positions.astype(np.int64)).to(self.device)
-        return ids, pos, common, sample_rows
 
 
 def _pad_tables(tables: list[list[int]]) -> np.ndarray:

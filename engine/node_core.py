@@ -65,6 +65,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="model revision label; routers pair prefill and decode only within one "
         "(default: $TANDEM_REVISION)",
     )
+    parser.add_argument(
+        "--tensor-parallel-size", type=int, default=1,
+        help="ranks (processes; one GPU each on a GPU) splitting the model",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--log-level", default="info")
     add_tracing_argument(parser)
@@ -92,7 +96,17 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         kernels=args.kernels,
         enforce_eager=args.enforce_eager,
         kv_hugepages=args.kv_hugepages,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
+
+
+# KV blocks travel over NIXL from and into rank 0's cache only; with more ranks every rank
+# would have to ship its own heads (issue 21's P/D part, not built yet).
+PD_NEEDS_ONE_RANK = (
+    "KV transfer between prefill and decode nodes is per node, from rank 0's cache; with "
+    "--tensor-parallel-size above 1 each rank must ship its own KV heads, which is not built "
+    "yet (docs/disaggregation.md)"
+)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,8 @@ SIZES = {
     # name: hidden, intermediate, layers, heads, kv_heads, head_dim, vocab
     "tiny": (64, 128, 2, 4, 2, 16, 512),
     "small": (256, 768, 4, 8, 4, 32, 2048),
+    # ~35M parameters (140 MB in float32): enough for per-rank memory to show in benchmarks
+    "medium": (512, 2048, 8, 8, 4, 64, 4096),
 }
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 # ChatML; with tools, Hermes/Qwen2.5's way: the signatures in the system turn, calls as

@@ -63,7 +63,7 @@ def role_flags(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
     """Flag name (without dashes) -> value for `tandem <role>`."""
     if role == "router":
         return _router_flags(spec)
-    flags = _engine_flags(spec)
+    flags = _engine_flags(spec) | {"tensor-parallel-size": spec.pool(role).tensor_parallel_size}
     if role == "prefill":
         return flags | {"zmq-port": ZMQ_PORT, "events-port": EVENTS_PORT}
     return flags | {

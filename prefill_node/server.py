@@ -12,7 +12,13 @@ from prometheus_client import CollectorRegistry
 
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.kv_transfer import AbortPrefill, decode_to_prefill, encode
-from tandem.engine.node_core import NodeCore, NodeIdentity, configure_process, engine_args_from
+from tandem.engine.node_core import (
+    PD_NEEDS_ONE_RANK,
+    NodeCore,
+    NodeIdentity,
+    configure_process,
+    engine_args_from,
+)
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.node_server import NodeServer
 from tandem.engine.tracing import Tracing
@@ -98,6 +104,10 @@ class PrefillLoop:
 
 
 def run(args: argparse.Namespace) -> None:
+    """Serve as a prefill node. SystemExit for a tensor-parallel size above 1 (a prefill
+    node ships KV, see `PD_NEEDS_ONE_RANK`)."""
+    if args.tensor_parallel_size > 1:
+        raise SystemExit(f"tandem prefill: {PD_NEEDS_ONE_RANK}")
     configure_process(args)
     identity = NodeIdentity.of(args, "prefill")
     registry = CollectorRegistry()

@@ -36,6 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="per node")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
+    for role in ("prefill", "decode"):
+        parser.add_argument(
+            f"--{role}-tensor-parallel-size", type=int, default=1,
+            help=f"ranks per {role} node (processes; one GPU each on a GPU)",
+        )  # fmt: skip
     parser.add_argument("--log-level", default="warning", help="children's log level")
     add_tracing_argument(parser)
     parser.add_argument("--ready-timeout", type=float, default=300.0, help="seconds")
@@ -75,6 +80,21 @@ def ensure_model(model: str | None) -> Path:
     return path
 
 
+def check_tensor_parallel(args: argparse.Namespace) -> None:
+    """SystemExit for sizes below 1, and for prefill nodes of more than one rank while any
+    prefill node runs (they cannot ship KV yet; decode nodes of several ranks prefill
+    locally, see docs/engine.md)."""
+    for role in ("prefill", "decode"):
+        if getattr(args, f"{role}_tensor_parallel_size") < 1:
+            raise SystemExit(f"tandem serve: --{role}-tensor-parallel-size must be at least 1")
+    if args.prefill and args.prefill_tensor_parallel_size > 1:
+        raise SystemExit(
+            "tandem serve: --prefill-tensor-parallel-size above 1: a prefill node ships KV "
+            "from one rank's cache (per-rank KV transfer is not built yet); use --prefill 0 "
+            "for decode nodes of several ranks that prefill locally"
+        )
+
+
 def decode_flags(args: argparse.Namespace) -> list[str]:
     """The decode nodes' own flags: the threshold, and the timeouts when given."""
     flags = ["--remote-prefill-threshold", str(args.remote_prefill_threshold)]
@@ -97,6 +117,7 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
             http, zmq_port = free_port(), free_port()
             cmd = [*python, f"tandem.{role}_node", *common]
             cmd += ["--http-port", str(http), "--zmq-port", str(zmq_port)]
+            cmd += ["--tensor-parallel-size", str(getattr(args, f"{role}_tensor_parallel_size"))]
             if role == "decode":
                 cmd += decode_flags(args)
             label = "ZMQ requests" if role == "prefill" else "KV events"
@@ -146,6 +167,7 @@ def run(args: argparse.Namespace) -> None:
     more often than the restart policy allows (exit 1); every child is stopped either way."""
     if args.decode < 1 or args.prefill < 0:
         raise SystemExit("--decode must be at least 1 and --prefill at least 0")
+    check_tensor_parallel(args)
     policy = restart_policy(args)
     model = ensure_model(args.model)
     children = plan(args, model)

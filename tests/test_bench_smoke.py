@@ -18,6 +18,10 @@ from tests.bench_run import run_bench
         ("decode_step.py", ["| 3 | 40 |"]),
         ("transfer.py", ["| 1 | 0.0625 MiB |", "| 4 | 0.25 MiB |", "TTFT of one disaggregated"]),
         ("structured.py", ["decode step", "llguidance  tool: get_weather"]),
+        (
+            "tensor_parallel.py",
+            ["| decode | 32 | 32 | 512 |", "| 2 | 0.3 |", "| decode-heavy | 4 | 2 | 2 |"],
+        ),
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -66,28 +65,3 @@ def llama3_scale_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tenso
     blended = (1 - smooth) * scaled / s.factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, blended, scaled)
-
-
-class MergedLinear(nn.Linear):
-    """One linear layer holding several checkpoint matrices stacked on the output dim
-    (q/k/v, gate/up). Its parameters load shard by shard through `weight_loader`."""
-
-    def __init__(
-        self, in_features: int, shards: Sequence[tuple[str | int, int]], bias: bool
-    ) -> None:
-        super().__init__(in_features, sum(size for _, size in shards), bias=bias)
-        self.shard_offsets: dict[str | int, tuple[int, int]] = {}
-        start = 0
-        for shard_id, size in shards:
-            self.shard_offsets[shard_id] = (start, size)
-            start += size
-        for param in self.parameters():
-            param.weight_loader = self._load_shard  # type: ignore[attr-defined]
-            param.shard_ids = tuple(self.shard_offsets)  # type: ignore[attr-defined]
-
-    def _load_shard(self, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int) -> None:
-        start, size = self.shard_offsets[shard_id]
-        target = param.data.narrow(0, start, size)
-        if target.shape != tensor.shape:
-            raise ValueError(f"shape {tuple(tensor.shape)} != expected {tuple(target.shape)}")
-        target.copy_(tensor)

@@ -3,6 +3,9 @@
 One model covers the four: Qwen2 adds a q/k/v bias, Qwen3 an RMSNorm on q and k per head.
 Parameter names follow Hugging Face, with q/k/v fused into `qkv_proj` and gate/up into
 `gate_up_proj`; `packed_modules` tells the loader how checkpoint names map onto them.
+With tensor parallelism (`tp`) every rank builds the same model over its share: its heads
+(q/k/v column-parallel, o row-parallel), its MLP features (gate/up column-, down
+row-parallel) and its vocabulary slice (embedding and LM head).
 """
 
 from __future__ import annotations
@@ -14,25 +17,42 @@ from torch import nn
 
 from tandem.engine.attention import AttentionBatch
 from tandem.engine.config import ModelConfig
-from tandem.engine.models.layers import MergedLinear, RMSNorm, RotaryEmbedding
+from tandem.engine.models.layers import RMSNorm, RotaryEmbedding
+from tandem.engine.models.parallel_layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    Shard,
+    VocabParallelEmbedding,
+    vocab_logits,
+)
+from tandem.engine.parallel import TensorParallel
 from tandem.kernels.ops import TORCH_OPS, KernelOps
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps, tp: TensorParallel) -> None:
         super().__init__()
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.q_size = config.num_heads * config.head_dim
-        self.kv_size = config.num_kv_heads * config.head_dim
-        self.scale = config.head_dim**-0.5
-        self.qkv_proj = MergedLinear(
+        shape, d = tp.shape, config.head_dim
+        self.num_heads = shape.num_heads
+        self.num_kv_heads = shape.num_kv_heads
+        self.head_dim = d
+        self.q_size = self.num_heads * d
+        self.kv_size = self.num_kv_heads * d
+        self.scale = d**-0.5
+        q_full, kv_full = config.num_heads * d, config.num_kv_heads * d
+        self.qkv_proj = ColumnParallelLinear(
             config.hidden_size,
-            [("q", self.q_size), ("k", self.kv_size), ("v", self.kv_size)],
+            [
+                Shard("q", self.q_size, shape.head_start * d, q_full),
+                Shard("k", self.kv_size, shape.kv_head_start * d, kv_full),
+                Shard("v", self.kv_size, shape.kv_head_start * d, kv_full),
+            ],
             bias=config.qkv_bias,
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.o_proj = RowParallelLinear(
+            q_full, config.hidden_size, config.o_bias, tp, shape.head_start * d
+        )
         self.qk_norm = config.qk_norm
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops)
@@ -66,22 +86,25 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps, tp: TensorParallel) -> None:
         super().__init__()
         self.ops = ops
-        size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, [(0, size), (1, size)], bias=False)
-        self.down_proj = nn.Linear(size, config.hidden_size, bias=False)
+        full, size = config.intermediate_size, tp.shape.intermediate_size
+        start = tp.shape.intermediate_start
+        self.gate_up_proj = ColumnParallelLinear(
+            config.hidden_size, [Shard(0, size, start, full), Shard(1, size, start, full)], False
+        )
+        self.down_proj = RowParallelLinear(full, config.hidden_size, False, tp, start)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps, tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, ops)
-        self.mlp = LlamaMLP(config, ops)
+        self.self_attn = LlamaAttention(config, ops, tp)
+        self.mlp = LlamaMLP(config, ops, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
@@ -104,11 +127,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps) -> None:
+    def __init__(self, config: ModelConfig, ops: KernelOps, tp: TensorParallel) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, ops) for _ in range(config.num_layers)
+            LlamaDecoderLayer(config, ops, tp) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
@@ -139,15 +162,19 @@ class LlamaForCausalLM(nn.Module):
     # checkpoint tensors that carry nothing we need
     ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 
-    def __init__(self, config: ModelConfig, ops: KernelOps = TORCH_OPS) -> None:
-        """`ops`: the norm, rotary and activation kernels (references or Triton)."""
+    def __init__(
+        self, config: ModelConfig, ops: KernelOps = TORCH_OPS, tp: TensorParallel | None = None
+    ) -> None:
+        """`ops`: the norm, rotary and activation kernels (references or Triton); `tp`: this
+        rank's share (None: the whole model on one rank)."""
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, ops)
+        tp = tp or TensorParallel(config)
+        self.model = LlamaModel(config, ops, tp)
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
 
     def forward(
         self,
@@ -158,6 +185,7 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [T, H]
         return self.model(input_ids, positions, kv_cache, attn)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [S, H] -> [S, V] fp32
-        weight = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[S, H] -> [S, V] float32 on rank 0; None on the other ranks."""
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        return vocab_logits(hidden, head)

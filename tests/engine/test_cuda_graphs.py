@@ -59,7 +59,9 @@ def test_static_buffers_match_the_eager_step_and_padding_writes_nothing(llama_di
     assert runner.graphs is not None and runner.graphs.sizes == [1, 2, 4, 8]
     step = decode_step(llm, [3, 9, 14])  # 3 sequences: bucket 4, one padding row
     with torch.inference_mode():
-        input_ids, positions, common, _ = runner._prepare(step)
+        batch = runner._prepare(step)
+        input_ids, positions = batch.model_inputs(runner.device)
+        common = batch.attention_metadata(runner.device)
         assert runner.graphs.can_run(common)
         cache_before = runner.kv_cache.clone()
         static = runner.graphs.run(input_ids, positions, common).clone()  # [3, H]
@@ -67,7 +69,7 @@ def test_static_buffers_match_the_eager_step_and_padding_writes_nothing(llama_di
         slots = common.slot_mapping.tolist()
         assert set(written.any(-1).nonzero().flatten().tolist()) == {s // 4 for s in slots}
         attn = AttentionBatch(runner.backend, runner.backend.build(common))
-        eager = runner._forward(input_ids, positions, attn)
+        eager = runner.shard._forward(input_ids, positions, attn)
     assert static.shape == eager.shape == (3, llm.engine.config.model.hidden_size)
     # Relative to the whole state, not to each element: a sum's rounding scales with its
     # terms, and an element near zero is a sum of terms that cancel.

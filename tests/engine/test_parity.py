@@ -145,7 +145,9 @@ def test_one_forward_pass_logits_close(model_dirs, arch, device, kernels):
     out.add(request, len(prompt))
     runner = engine.runner
     with torch.inference_mode():
-        input_ids, positions, common, _ = runner._prepare(out)
+        batch = runner._prepare(out)
+        input_ids, positions = batch.model_inputs(runner.device)
+        common = batch.attention_metadata(runner.device)
         attn = AttentionBatch(runner.backend, runner.backend.build(common))
         hidden = runner.model(input_ids, positions, runner.kv_cache, attn)
         ours = runner.model.compute_logits(hidden)  # [T, V]

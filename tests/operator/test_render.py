@@ -168,6 +168,22 @@ def test_gpus_default_to_the_tensor_parallel_size():
     )
 
 
+def test_tensor_parallel_size_reaches_each_engine_with_shared_memory():
+    """`tensorParallelSize` becomes the role's --tensor-parallel-size (its `<role>.json`),
+    and the pod's /dev/shm is a memory-backed emptyDir (NCCL's buffers between ranks)."""
+    objects = by_key(render(example("full")))
+    config = objects[("ConfigMap", "qwen-config")]["data"]
+    for role, size in (("prefill", 2), ("decode", 4)):
+        assert json.loads(config[f"{role}.json"])["tensor-parallel-size"] == size
+        pod = objects[("Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+        mount = next(
+            m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"
+        )
+        volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        assert volume["emptyDir"]["medium"] == "Memory"
+    assert "tensor-parallel-size" not in json.loads(config["router.json"])
+
+
 def test_pods_are_hardened_and_probed():
     for obj in render(example("full")):
         if obj["kind"] != "Deployment":

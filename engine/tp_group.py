@@ -1,0 +1,146 @@
+"""Rank 0's handle on the other tensor-parallel ranks: spawns them, waits for them through
+start-up (a rank that dies or fails is named, and the others are stopped), sends each step,
+and stops and joins them.
+
+Each step's `StepBatch` goes to every rank over its own pipe (pickled plain data; see
+docs/performance.md for what that costs per step). The collectives themselves run over the
+torch.distributed group the ranks join once loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+
+import torch
+import torch.distributed as dist
+
+from tandem.engine import tp_worker
+from tandem.engine.config import EngineConfig
+from tandem.engine.parallel import TensorParallel
+from tandem.engine.step_batch import StepBatch
+
+# How long a stopped rank may take to exit before it is killed.
+_STOP_GRACE_S = 30.0
+
+
+class RankStartupError(RuntimeError):
+    """A tensor-parallel rank died or failed before the group was ready. `pids`: every
+    rank's process (all stopped by the time the engine's constructor raises this)."""
+
+    def __init__(self, message: str, pids: list[int]) -> None:
+        super().__init__(message)
+        self.pids = pids
+
+
+class WorkerRanks:
+    """Owns ranks 1..N-1 (processes, pipes, lifelines). Not thread-safe: one engine thread
+    drives it."""
+
+    def __init__(self, config: EngineConfig, num_threads: int) -> None:
+        """Spawn the ranks; they start loading at once. `num_threads`: torch threads each."""
+        ctx = mp.get_context("spawn")
+        self.processes: list[BaseProcess] = []
+        self.conns: list[Connection] = []
+        self._lifelines: list[Connection] = []
+        # Per rank 1..N-1 once loaded: peak RSS, and the RSS that loading its shard added.
+        self.peak_rss_bytes: list[int] = []
+        self.load_rss_bytes: list[int] = []
+        self._store: dist.TCPStore | None = None  # rank 0 hosts it while the group lives
+        for rank in range(1, config.tensor_parallel_size):
+            parent, child = ctx.Pipe()
+            watch, keep = ctx.Pipe(duplex=False)
+            process = ctx.Process(
+                target=tp_worker.run_worker,
+                args=(config, rank, child, watch, num_threads),
+                name=f"tandem-tp-rank{rank}",
+                daemon=True,
+            )
+            process.start()
+            child.close()
+            watch.close()
+            self.processes.append(process)
+            self.conns.append(parent)
+            self._lifelines.append(keep)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def wait_loaded(self) -> None:
+        """Block until every rank has loaded its shard. Raises RankStartupError naming the
+        first rank that died or failed."""
+        loaded = [self._expect(i, "loaded") for i in range(len(self.conns))]
+        self.peak_rss_bytes = [message[1] for message in loaded]
+        self.load_rss_bytes = [message[2] for message in loaded]
+
+    def connect(self, tp: TensorParallel, device: torch.device) -> None:
+        """Host the group's store, let every rank join, join as rank 0, and wait until
+        every rank is ready (its graphs captured, when configured, by the caller too)."""
+        store = dist.TCPStore(
+            "127.0.0.1", 0, tp.size, True, timeout=tp_worker.CONNECT_TIMEOUT, wait_for_workers=False
+        )
+        for conn in self.conns:
+            conn.send(("connect", store.port))
+        tp.connect(store, device)
+        self._store = store
+
+    def wait_ready(self) -> None:
+        for i in range(len(self.conns)):
+            self._expect(i, "ready")
+
+    def _expect(self, index: int, kind: str) -> tuple:
+        conn, process = self.conns[index], self.processes[index]
+        rank = index + 1
+        ready = wait([conn, process.sentinel])
+        if conn in ready:
+            try:
+                message = conn.recv()
+            except EOFError:
+                message = None
+            if message is not None and message[0] == kind:
+                return message
+            if message is not None and message[0] == "failed":
+                raise RankStartupError(
+                    f"tensor-parallel rank {rank} (pid {process.pid}) failed during start-up:\n"
+                    f"{message[1]}",
+                    self.pids,
+                )
+        process.join()
+        raise RankStartupError(
+            f"tensor-parallel rank {rank} (pid {process.pid}) exited with code "
+            f"{process.exitcode} during start-up, before it was {kind}",
+            self.pids,
+        )
+
+    def broadcast(self, batch: StepBatch) -> None:
+        """Send one step to every rank (they run it as rank 0 does)."""
+        for conn in self.conns:
+            conn.send(batch)
+
+    def close(self) -> None:
+        """Stop every rank (None, then a kill after a grace period) and join it. Idempotent."""
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
+        for process in self.processes:
+            process.join(_STOP_GRACE_S)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+        for conn in self.conns + self._lifelines:
+            conn.close()
+        self.conns, self._lifelines = [], []
+
+    def kill(self) -> None:
+        """Stop every rank now (start-up failed) and join it."""
+        for process in self.processes:
+            if process.exitcode is None:
+                process.kill()
+        for process in self.processes:
+            process.join()
+        for conn in self.conns + self._lifelines:
+            conn.close()
+        self.conns, self._lifelines = [], []

@@ -1,0 +1,96 @@
+"""The main of tensor-parallel ranks 1..N-1, each in a process spawned by rank 0.
+
+A rank loads its shard, reports, joins the group, then runs every `StepBatch` rank 0 sends
+until it sends None. It dies with rank 0: its lifeline pipe reads end-of-file the moment
+rank 0's process is gone, however that happens, even while this rank waits in a
+collective that would otherwise never return.
+
+Pipe protocol, rank 0 -> rank: ("connect", port), then one StepBatch per step, then None.
+Rank -> rank 0: ("loaded", peak RSS bytes, RSS added by loading) or ("failed",
+traceback), then ("ready",).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import resource
+import threading
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+import torch
+import torch.distributed as dist
+
+from tandem.engine.config import EngineConfig
+from tandem.engine.model_shard import ModelShard
+from tandem.engine.parallel import TensorParallel
+
+# How long joining the group may wait for the other ranks (they are loaded by then).
+CONNECT_TIMEOUT = timedelta(minutes=5)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_bytes() -> int:
+    """This process's resident memory now (Linux)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
+    """Rank `rank`'s config: its own GPU (cuda:rank); the CPU is shared."""
+    if config.device.type != "cuda":
+        return config
+    return dataclasses.replace(config, device=torch.device("cuda", rank))
+
+
+def connect_rank(tp: TensorParallel, port: int, device: torch.device) -> None:
+    """Join the group through rank 0's TCP store on loopback."""
+    store = dist.TCPStore("127.0.0.1", port, tp.size, False, timeout=CONNECT_TIMEOUT)
+    tp.connect(store, device)
+
+
+def _follow_parent(lifeline: Connection) -> None:
+    """Exit at once when rank 0's process is gone (its end of the lifeline closes)."""
+
+    def watch() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            lifeline.recv()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tp-lifeline", daemon=True).start()
+
+
+def run_worker(
+    config: EngineConfig, rank: int, conn: Connection, lifeline: Connection, num_threads: int
+) -> None:
+    """Serve as rank `rank` until rank 0 sends None or goes away."""
+    _follow_parent(lifeline)
+    rss_before = rss_bytes()
+    torch.set_num_threads(num_threads)
+    config = rank_config(config, rank)
+    if config.device.type == "cuda":
+        torch.cuda.set_device(config.device)
+    tp = TensorParallel(config.model, rank, config.tensor_parallel_size)
+    try:
+        shard = ModelShard(config, tp)
+    except BaseException:
+        conn.send(("failed", traceback.format_exc()))
+        raise SystemExit(1) from None
+    conn.send(("loaded", peak_rss_bytes(), rss_bytes() - rss_before))
+    _, port = conn.recv()
+    connect_rank(tp, port, config.device)
+    shard.capture_graphs()
+    conn.send(("ready",))
+    with contextlib.suppress(EOFError):
+        while (batch := conn.recv()) is not None:
+            shard.forward(batch)
+    # Straight out: tearing the group down at interpreter exit may abort in gloo's threads.
+    conn.close()
+    os._exit(0)
