@@ -36,7 +36,7 @@ def test_crd_names_and_subresources():
             assert path.split(".")[2].split("[")[0] in status, path
 
 
-@pytest.mark.parametrize("name", ["minimal", "full"])
+@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel"])
 def test_examples_pass_the_schema(name):
     assert validate(example(name)) == []
 
@@ -62,6 +62,8 @@ def _edit(path: str, value):
         ("spec.engine.blockSize", 12, "spec.engine.blockSize"),
         ("spec.engine.gpuMemoryUtilization", 0, "spec.engine.gpuMemoryUtilization"),
         ("spec.prefill.tensorParallelSize", 3, "spec.prefill.tensorParallelSize"),
+        ("spec.prefill.tensorParallelSize", 2, "served only with prefill.replicas 0"),
+        ("spec.decode.tensorParallelSize", 2, "served only with prefill.replicas 0"),
         ("spec.router.service.port", 70000, "spec.router.service.port"),
         ("spec.disaggregation.onPrefillFailure", "retry", "spec.disaggregation"),
         ("spec.model.source.pvc", {"claimName": "models"}, "exactly one of"),
@@ -92,7 +94,7 @@ def test_an_empty_source_is_refused():
     ]
 
 
-@pytest.mark.parametrize("name", ["minimal", "full"])
+@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel"])
 def test_crd_defaults_are_the_operators_defaults(name):
     """The API server fills defaults before the operator reads a resource; a resource the
     server never saw must render the same."""

@@ -29,7 +29,7 @@ def by_key(objects):
     return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
-@pytest.mark.parametrize("name", ["minimal", "full"])
+@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel"])
 def test_golden(name):
     """Set TANDEM_UPDATE_GOLDEN=1 to rewrite the files after an intended change."""
     text = dump(render(example(name)))
@@ -77,6 +77,10 @@ def test_render_is_pure_and_deterministic():
         (lambda s: s["engine"].update(gpuMemoryUtilization=1.5),
          "spec.engine.gpuMemoryUtilization"),
         (lambda s: s["router"]["apiKeySecretRef"].pop("key"), "spec.router.apiKeySecretRef.key"),
+        (lambda s: s["prefill"].update(tensorParallelSize=2),
+         "spec.prefill.tensorParallelSize: tensorParallelSize above 1 is served only"),
+        (lambda s: s["decode"].update(tensorParallelSize=4),
+         "spec.decode.tensorParallelSize: tensorParallelSize above 1 is served only"),
     ],
 )  # fmt: skip
 def test_invalid_spec_names_the_field(edit, field):
@@ -105,7 +109,10 @@ def _revision(llmd):
         (lambda s: s["engine"].update(blockSize=32), True),
         (lambda s: s["model"].update(dtype="float16"), True),
         (lambda s: s.update(image="tandem:next"), True),
-        (lambda s: s["decode"].update(tensorParallelSize=8), True),
+        (
+            lambda s: (s["prefill"].update(replicas=0), s["decode"].update(tensorParallelSize=8)),
+            True,
+        ),
         (lambda s: s["model"]["source"]["huggingFace"].update(revision="v2"), True),
         (lambda s: s["decode"].update(replicas=9), False),
         (lambda s: s["router"].update(policy="round-robin"), False),
@@ -150,14 +157,16 @@ def test_autoscaled_roles_leave_replicas_to_the_hpa():
     }
 
 
-def _container(objects, role):
-    return objects[("Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]["containers"][0]
+def _container(objects, role, name="qwen"):
+    return objects[("Deployment", f"{name}-{role}")]["spec"]["template"]["spec"]["containers"][0]
 
 
 def test_gpus_default_to_the_tensor_parallel_size():
+    tensor_parallel = by_key(render(example("tensor-parallel")))
+    decode = _container(tensor_parallel, "decode", "llama-70b")
+    assert decode["resources"]["limits"]["nvidia.com/gpu"] == 2
     objects = by_key(render(example("full")))
-    assert _container(objects, "prefill")["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert _container(objects, "decode")["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert _container(objects, "prefill")["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert "nvidia.com/gpu" not in _container(objects, "router").get("resources", {}).get(
         "limits", {}
     )
@@ -171,11 +180,12 @@ def test_gpus_default_to_the_tensor_parallel_size():
 def test_tensor_parallel_size_reaches_each_engine_with_shared_memory():
     """`tensorParallelSize` becomes the role's --tensor-parallel-size (its `<role>.json`),
     and the pod's /dev/shm is a memory-backed emptyDir (NCCL's buffers between ranks)."""
-    objects = by_key(render(example("full")))
-    config = objects[("ConfigMap", "qwen-config")]["data"]
-    for role, size in (("prefill", 2), ("decode", 4)):
+    objects = by_key(render(example("tensor-parallel")))
+    config = objects[("ConfigMap", "llama-70b-config")]["data"]
+    assert ("Deployment", "llama-70b-prefill") not in objects  # no prefill pool: see the CRD
+    for role, size in (("decode", 2),):
         assert json.loads(config[f"{role}.json"])["tensor-parallel-size"] == size
-        pod = objects[("Deployment", f"qwen-{role}")]["spec"]["template"]["spec"]
+        pod = objects[("Deployment", f"llama-70b-{role}")]["spec"]["template"]["spec"]
         mount = next(
             m for m in pod["containers"][0]["volumeMounts"] if m["mountPath"] == "/dev/shm"
         )
