@@ -73,7 +73,7 @@ class SimNode:
         if out.is_empty:
             self.publish()
             return
-        duration = self.step_model.step_time(_shape(out))
+        duration = self.step_model.step_time(step_shape(out))
         self.stepping = True
         self.busy_s += duration
         self.kv_usage_s += duration * self.kv.usage()
@@ -125,7 +125,8 @@ class SimNode:
         """Tokens appended, finished requests freed."""
 
 
-def _shape(out: SchedulerOutput) -> StepShape:
+def step_shape(out: SchedulerOutput) -> StepShape:
+    """What the step-time model needs of a step's plan (before its counters advance)."""
     contexts = [r.num_computed_tokens + n for r, n in zip(out.scheduled, out.num_scheduled_tokens)]
     num_sampled = sum(1 for r, c in zip(out.scheduled, contexts) if c >= r.num_tokens)
     return StepShape(out.num_scheduled_tokens, contexts, num_sampled)

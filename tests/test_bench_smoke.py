@@ -18,6 +18,7 @@ from tests.bench_run import run_bench
         ("decode_step.py", ["| 3 | 40 |"]),
         ("transfer.py", ["| 1 | 0.0625 MiB |", "| 4 | 0.25 MiB |", "TTFT of one disaggregated"]),
         ("structured.py", ["decode step", "llguidance  tool: get_weather"]),
+        ("calibrate.py", ["steps timed: ", "fit: overhead", "median error"]),
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):
