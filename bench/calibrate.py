@@ -1,5 +1,5 @@
 """Calibrate the simulator's step-time model on this machine: run the real engine on a
-mixed workload, time every step (the model runner's `execute`), fit a device profile
+mixed workload, time every step (`LLMEngine.step`, as a node's loop runs it), fit a device profile
 (`tandem.sim.calibration`) and write it as JSON.
 
     OMP_NUM_THREADS=1 python -P bench/calibrate.py --out sim/profiles/cpu.json
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -53,19 +54,18 @@ def parse_args() -> argparse.Namespace:
 
 
 def timed_steps(engine: LLMEngine, waves, max_prompt, max_output, rng) -> list:
-    """Serve each wave to its end; (shape, seconds) of every step."""
+    """Serve each wave to its end; (shape, seconds) of every step, timed whole as a node's
+    loop runs it: scheduling, the model, sampling, and the output bookkeeping."""
     samples = []
-    execute = engine.runner.execute
+    shapes = []
+    schedule = engine.scheduler.schedule
 
-    def timed(out):
-        shape = step_shape(out)
-        start = time.perf_counter()
-        result = execute(out)
-        result.kv_written.wait()
-        samples.append((shape, time.perf_counter() - start))
-        return result
+    def planned():
+        out = schedule()
+        shapes.append(None if out.is_empty else step_shape(out))
+        return out
 
-    engine.runner.execute = timed
+    engine.scheduler.schedule = planned
     vocab = engine.config.model.vocab_size
     for i, size in enumerate(waves):
         for j in range(size):
@@ -76,8 +76,12 @@ def timed_steps(engine: LLMEngine, waves, max_prompt, max_output, rng) -> list:
                 f"c{i}-{j}-{rng.integers(1 << 30)}", _tokens(rng, vocab, n_in), params
             )
         while engine.has_unfinished_requests():
+            start = time.perf_counter()
             engine.step()
-    engine.runner.execute = execute
+            seconds = time.perf_counter() - start
+            if shapes[-1] is not None:
+                samples.append((shapes[-1], seconds))
+    engine.scheduler.schedule = schedule
     return samples
 
 
@@ -123,6 +127,7 @@ def main() -> None:
         kv_transfer_latency_s=3e-5,  # descriptors + initialize_xfer + release, measured
         kv_descriptor_s=1e-6,
         network_latency_s=args.network_latency_ms / 1e3,
+        host_cores=os.cpu_count() or 1,
     )
     fit = fit_profile(samples, shape, base)
     print(f"command: python -P bench/calibrate.py {' '.join(sys.argv[1:])}")

@@ -89,6 +89,7 @@ class Cluster:
         self.shape = shape
         self.profile = profile
         self.events = EventQueue()
+        self.num_stepping = 0  # nodes in the middle of a step
         self.records: dict[str, RequestRecord] = {}
         self._live: dict[str, _Live] = {}
         sched = SchedulerConfig(
@@ -125,6 +126,11 @@ class Cluster:
     def send(self, callback: Callable[..., None], *args: Any) -> None:
         """Deliver a message after one network hop."""
         self.events.after(self.profile.network_latency_s, callback, *args)
+
+    def contention(self) -> float:
+        """How much longer a step starting now takes on shared host cores (1: no sharing)."""
+        cores = self.profile.host_cores
+        return max(1.0, self.num_stepping / cores) if cores else 1.0
 
     def prefill_at(self, endpoint: str | None) -> SimPrefill:
         return self._by_endpoint[endpoint]

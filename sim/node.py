@@ -73,8 +73,9 @@ class SimNode:
         if out.is_empty:
             self.publish()
             return
-        duration = self.step_model.step_time(step_shape(out))
         self.stepping = True
+        self.cluster.num_stepping += 1
+        duration = self.step_model.step_time(step_shape(out)) * self.cluster.contention()
         self.busy_s += duration
         self.kv_usage_s += duration * self.kv.usage()
         self.num_steps += 1
@@ -90,6 +91,7 @@ class SimNode:
         finished = self.scheduler.update_from_output(out, result)
         self.after_update(out, sampled, finished)
         self.stepping = False
+        self.cluster.num_stepping -= 1
         self.publish()
         self._step()
 

@@ -42,6 +42,10 @@ class DeviceProfile:
     kv_descriptor_s: float = 0.0  # per descriptor (run of adjacent blocks) in a write
     network_latency_s: float = 0.0  # one message hop (HTTP, ZMQ, KV events)
     memory_utilization: float = 0.9
+    # CPU hosts: every node of a simulated deployment shares these cores (`tandem serve` on
+    # one machine), so a step stretches while more nodes step at once than there are cores.
+    # 0: each node has devices of its own.
+    host_cores: int = 0
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "mem_bandwidth", "kv_link_bandwidth"):

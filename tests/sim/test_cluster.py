@@ -97,3 +97,17 @@ def test_a_small_cache_preempts_and_still_finishes_everything():
 def test_an_unknown_policy_is_refused():
     with pytest.raises(ValueError, match="unknown policy"):
         Cluster(ClusterConfig(policy="random"), SHAPE, H100)
+
+
+def test_nodes_sharing_host_cores_take_longer_than_nodes_with_devices_of_their_own():
+    import dataclasses
+
+    reqs = synthetic(40, 100.0, (200, 400), (5, 20), SHAPE.vocab_size, seed=5)
+    config = ClusterConfig(num_prefill=2, num_decode=2)
+    ttft = {}
+    for cores in (0, 1):
+        cluster = Cluster(config, SHAPE, dataclasses.replace(H100, host_cores=cores))
+        records = cluster.run(reqs)
+        ttft[cores] = sum(r.first_token_s - r.arrival_s for r in records)
+        assert cluster.num_stepping == 0
+    assert ttft[1] > ttft[0]
