@@ -64,5 +64,5 @@ def test_help_lists_every_subcommand():
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     names = ("make-model", "generate", "prefill", "decode", "router", "serve", "operator")
-    for name in (*names, "simulate"):
+    for name in (*names, "simulate", "plan"):
         assert name in result.stdout
