@@ -137,7 +137,7 @@ class Cluster:
 
     def _snapshot(self, url: str) -> tuple[str, int, list[int]]:
         node = self.nodes[url]
-        return node.agent, node._seq, list(node.kv.pool.cached)
+        return node.agent, node.seq, list(node.kv.pool.cached)
 
     # -- a request's life -----------------------------------------------------------------
 

@@ -48,10 +48,10 @@ class SimNode:
         self.step_model = step_model
         self.stepping = False
         self._poked = False
-        self._seq = 0
+        self.seq = 0  # of the last KV event batch published
         self._last_load: Load | None = None
         self.busy_s = 0.0
-        self.kv_usage_s = 0.0  # integral of KV usage over busy time
+        self.kv_usage_s = 0.0  # KV usage at each step's start, times the step's duration
         self.num_steps = 0
 
     def add(self, request: Request) -> None:
@@ -101,9 +101,9 @@ class SimNode:
         load = load_of(self.scheduler)
         if not events and load == self._last_load:
             return
-        self._seq += 1
+        self.seq += 1
         batch = KVEventBatch(
-            self._seq,
+            self.seq,
             self.agent,
             [h for stored, h in events if stored],
             [h for stored, h in events if not stored],
