@@ -8,12 +8,18 @@ throughput.
 
 Prompts are the trace's, mapped to token ids as `tandem simulate` maps them; every request
 streams with `ignore_eos`, so both sides produce the trace's output lengths exactly.
+
+With `--fit-requests N` the first N requests of the trace are a calibration slice: replayed
+for real, then the profile's `token_overhead_s` (streaming a token out, which the engine
+timing of bench/calibrate.py does not see) is bisected until the simulated TPOT p50 of that
+slice matches; the validation slice is the `--num-requests` after it, never seen by the fit.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import subprocess
@@ -56,6 +62,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-kv-blocks", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--port", type=int, default=18080)
+    p.add_argument("--fit-requests", type=int, default=0, help="calibration slice size")
     p.add_argument("--out", default=None, help="write both sides' figures as JSON")
     return p.parse_args()
 
@@ -101,7 +108,8 @@ def figures(ttft: list[float], tpot: list[float], duration: float, n: int) -> di
     }
 
 
-def run_real(args, model: str, requests: list[SimRequest]) -> dict[str, float]:
+def run_real(args, model: str, slices: list[list[SimRequest]]) -> list[dict[str, float]]:
+    """Replay each slice on one `tandem serve`, one after the other."""
     command = [
         sys.executable, "-P", "-m", "tandem.engine.cli", "serve", "--model", model,
         "--prefill", str(args.prefill), "--decode", str(args.decode), "--policy", args.policy,
@@ -117,10 +125,13 @@ def run_real(args, model: str, requests: list[SimRequest]) -> dict[str, float]:
         # untimed: first steps, and the decode nodes' connections to the prefill workers
         warm = [SimRequest.of_tokens(f"w{i}", 0.0, [7 + i] * 64, 4) for i in range(8)]
         asyncio.run(replay(base, warm))
-        results, duration = asyncio.run(replay(base, requests))
+        return [_figures(requests, *asyncio.run(replay(base, requests))) for requests in slices]
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def _figures(requests: list[SimRequest], results: list[dict], duration: float) -> dict:
     assert all(r["tokens"] == q.num_output_tokens for r, q in zip(results, requests))
     tpot = [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
     return figures([r["ttft"] for r in results], tpot, duration, len(results))
@@ -146,7 +157,7 @@ def _entries(workers) -> list[dict]:
     return workers if isinstance(workers, list) else workers.get("workers", [])
 
 
-def run_sim(args, model: str, requests: list[SimRequest]) -> dict[str, float]:
+def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, float]:
     config = ClusterConfig(
         num_prefill=args.prefill,
         num_decode=args.decode,
@@ -155,7 +166,7 @@ def run_sim(args, model: str, requests: list[SimRequest]) -> dict[str, float]:
         num_kv_blocks=args.num_kv_blocks,
         max_model_len=args.max_model_len,
     )
-    s = simulate(config, load_shape(model), load_profile(args.profile), requests, SLO())
+    s = simulate(config, load_shape(model), profile, requests, SLO())
     return {
         "ttft_p50": s["ttft_s"]["p50"],
         "ttft_p90": s["ttft_s"]["p90"],
@@ -165,19 +176,50 @@ def run_sim(args, model: str, requests: list[SimRequest]) -> dict[str, float]:
     }
 
 
+def fit_token_overhead(args, model: str, profile, requests, real_tpot: float):
+    """Bisect `token_overhead_s` in [0, 50 ms] until the simulated TPOT p50 matches."""
+    lo, hi = 0.0, 0.05
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        trial = dataclasses.replace(profile, token_overhead_s=mid)
+        if run_sim(args, model, trial, requests)["tpot_p50"] < real_tpot:
+            lo = mid
+        else:
+            hi = mid
+    return dataclasses.replace(profile, token_overhead_s=(lo + hi) / 2)
+
+
+def _slice(trace: list[SimRequest], start: int, n: int) -> list[SimRequest]:
+    """Requests start..start+n, their arrivals shifted to begin at 0."""
+    part = trace[start : start + n]
+    t0 = part[0].arrival_s
+    return [dataclasses.replace(r, arrival_s=r.arrival_s - t0) for r in part]
+
+
 def main() -> None:
     args = parse_args()
+    profile = load_profile(args.profile)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(make_model(Path(tmp) / "small", size="small"))
         vocab = load_shape(model).vocab_size
-        trace = read_trace(args.trace, vocab, args.num_requests, args.length_scale)
-        requests = fit_lengths(scale_load(trace, args.time_scale), args.max_model_len)
-        real = run_real(args, model, requests)
-        sim = run_sim(args, model, requests)
+        total = args.fit_requests + args.num_requests
+        trace = read_trace(args.trace, vocab, total, args.length_scale)
+        trace = fit_lengths(scale_load(trace, args.time_scale), args.max_model_len)
+        fit_slice = _slice(trace, 0, args.fit_requests) if args.fit_requests else []
+        requests = _slice(trace, args.fit_requests, args.num_requests)
+        reals = run_real(args, model, [s for s in (fit_slice, requests) if s])
+        if fit_slice:
+            profile = fit_token_overhead(args, model, profile, fit_slice, reals[0]["tpot_p50"])
+        real = reals[-1]
+        sim = run_sim(args, model, profile, requests)
     print(f"command: python -P bench/sim_validate.py {' '.join(sys.argv[1:])}")
     print(f"machine: {describe_host()}")
-    print(f"requests: {len(requests)}, prompt tokens {sum(r.num_prompt_tokens for r in requests)}, "
-          f"output tokens {sum(r.num_output_tokens for r in requests)}")  # fmt: skip
+    if fit_slice:
+        print(f"fitted on requests 0-{args.fit_requests - 1}: token_overhead_s "
+              f"{1e3 * profile.token_overhead_s:.3f} ms")  # fmt: skip
+    print(f"validation: requests {args.fit_requests}-{total - 1}, prompt tokens "
+          f"{sum(r.num_prompt_tokens for r in requests)}, output tokens "
+          f"{sum(r.num_output_tokens for r in requests)}")  # fmt: skip
     print("| figure | real | simulated | error |")
     print("| --- | ---: | ---: | ---: |")
     for key in real:

@@ -19,7 +19,8 @@ PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 class DeviceProfile:
     """One device (one GPU, or one CPU engine process) and its links.
 
-    Step time = `step_overhead_s` + `seq_overhead_s` per sequence + the compute and memory
+    Step time = `step_overhead_s` + `seq_overhead_s` per sequence + `token_overhead_s` per
+    sampled token + the compute and memory
     times (max of the two when `overlap`, the GPU roofline; their sum otherwise, as on a CPU
     where one core does both) + the tensor-parallel all-reduces.
     """
@@ -41,6 +42,9 @@ class DeviceProfile:
     kv_transfer_latency_s: float = 0.0  # per write posted
     kv_descriptor_s: float = 0.0  # per descriptor (run of adjacent blocks) in a write
     network_latency_s: float = 0.0  # one message hop (HTTP, ZMQ, KV events)
+    # Per token a step samples: streaming it out (detokenization, a record over HTTP), which
+    # on a CPU node shares the engine's interpreter; fitted by bench/sim_validate.py.
+    token_overhead_s: float = 0.0
     memory_utilization: float = 0.9
     # CPU hosts: every node of a simulated deployment shares these cores (`tandem serve` on
     # one machine), so a step stretches while more nodes step at once than there are cores.

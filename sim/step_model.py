@@ -71,7 +71,8 @@ class StepTimeModel:
         if tp > 1:  # ring all-reduce: 2 (tp-1)/tp of the activations per device, per layer x2
             work += 2 * self.shape.num_layers * p.tp_latency_s
             work += cost.comm_bytes * 2 * (tp - 1) / tp / p.tp_bandwidth
-        return p.step_overhead_s + p.seq_overhead_s * step.num_seqs + work
+        overhead = p.step_overhead_s + p.seq_overhead_s * step.num_seqs
+        return overhead + p.token_overhead_s * step.num_sampled + work
 
     def kv_blocks_per_device(self, block_size: int) -> int:
         """KV blocks that fit beside this rank's share of the weights."""
