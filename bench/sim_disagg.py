@@ -39,6 +39,9 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--num-requests", type=int, default=1000)
     p.add_argument("--thresholds", default="0,512")
+    p.add_argument(
+        "--all-splits", action="store_true", help="every split (default: up to half prefill)"
+    )
     p.add_argument("--slo-ttft", type=float, default=1.0)
     p.add_argument("--slo-tpot", type=float, default=0.05)
     p.add_argument("--attainment", type=float, default=0.9)
@@ -57,7 +60,7 @@ def main() -> None:
             shape, tp = load_shape(name), int(tp)
             trace = read_trace(trace_path, shape.vocab_size, args.num_requests)
             nodes = args.devices // tp
-            for num_prefill in range(nodes // 2 + 1):
+            for num_prefill in range(nodes if args.all_splits else nodes // 2 + 1):
                 for threshold in thresholds if num_prefill else [0]:
                     config = ClusterConfig(
                         num_prefill=num_prefill, num_decode=nodes - num_prefill,
