@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "router": ("tandem.router.cli", "run the OpenAI-compatible router"),
     "serve": ("tandem.router.serve", "run router, prefill and decode locally"),
     "operator": ("tandem.operator.cli", "run the Kubernetes operator for LLMDeployments"),
+    "simulate": ("tandem.sim.cli", "simulate a deployment on a workload in simulated time"),
+    "plan": ("tandem.sim.plan_cli", "find the cheapest deployment that meets SLOs, by simulation"),
 }
 
 

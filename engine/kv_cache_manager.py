@@ -62,6 +62,13 @@ class KVCacheManager:
     def num_blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def num_ready_blocks(self, num_prompt_tokens: int, num_computed_tokens: int) -> int:
+        """Prompt blocks whose KV is complete once `num_computed_tokens` are computed: the
+        full ones, and the last partial one when the whole prompt is done."""
+        if num_computed_tokens >= num_prompt_tokens:
+            return self.num_blocks_needed(num_prompt_tokens)
+        return num_computed_tokens // self.block_size
+
     def get_computed_blocks(self, request: Request) -> ComputedBlocks:
         """Longest cached prefix of the request's full blocks, leaving at least one token to
         compute (the model must run to produce logits). No side effect: the scheduler counts

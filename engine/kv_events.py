@@ -9,9 +9,13 @@ stable 64-bit block hashes, the same the router computes from a prompt.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 import zmq
+
+if TYPE_CHECKING:
+    from tandem.engine.scheduler import Scheduler
 
 # Publish load at least this often even when nothing changed (a heartbeat).
 HEARTBEAT_S = 1.0
@@ -22,6 +26,17 @@ class Load(msgspec.Struct, frozen=True):
     waiting: int
     free_blocks: int
     total_blocks: int
+
+
+def load_of(scheduler: Scheduler) -> Load:
+    """A node's load as routers see it: requests waiting for remote KV count as waiting."""
+    kv = scheduler.kv
+    return Load(
+        running=len(scheduler.running),
+        waiting=len(scheduler.waiting) + len(scheduler.remote),
+        free_blocks=kv.pool.num_free_blocks,
+        total_blocks=kv.num_blocks,
+    )
 
 
 class KVEventBatch(msgspec.Struct, frozen=True):

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from tandem.engine.config import EngineConfig
 from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.kv_events import Load
+from tandem.engine.kv_events import Load, load_of
 from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
 from tandem.engine.llm_engine import EngineArgs, grammar_compiler
 from tandem.engine.metrics import NodeMetrics
@@ -157,13 +157,7 @@ class NodeCore:
         self.metrics = NodeMetrics(registry, identity.model, identity.role, identity.pod)
 
     def load(self) -> Load:
-        s = self.scheduler
-        return Load(
-            running=len(s.running),
-            waiting=len(s.waiting) + len(s.remote),
-            free_blocks=self.kv.pool.num_free_blocks,
-            total_blocks=self.kv.num_blocks,
-        )
+        return load_of(self.scheduler)
 
     def kv_report(self) -> dict[str, object]:
         """Check every KV invariant (AssertionError if one fails) and return the census."""

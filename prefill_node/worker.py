@@ -223,12 +223,7 @@ class PrefillWorker:
         if job.ended is not None:
             return None
         kv = self.core.kv
-        num_tokens = job.request.num_prompt_tokens
-        ready = (
-            kv.num_blocks_needed(num_tokens)
-            if num_computed >= num_tokens
-            else (num_computed // kv.block_size)
-        )
+        ready = kv.num_ready_blocks(job.request.num_prompt_tokens, num_computed)
         if ready <= job.num_posted:
             return None
         if time.monotonic() > job.deadline:

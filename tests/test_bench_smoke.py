@@ -22,6 +22,7 @@ from tests.bench_run import run_bench
             "tensor_parallel.py",
             ["| decode | 32 | 32 | 512 |", "| 2 | 0.3 |", "| decode-heavy | 4 | 2 | 2 |"],
         ),
+        ("calibrate.py", ["steps timed: ", "fit: overhead", "median error"]),
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):

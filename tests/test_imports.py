@@ -63,5 +63,6 @@ def test_help_lists_every_subcommand():
         [sys.executable, "-P", "-m", "tandem.engine.cli", "--help"],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
-    for name in ("make-model", "generate", "prefill", "decode", "router", "serve", "operator"):
+    names = ("make-model", "generate", "prefill", "decode", "router", "serve", "operator")
+    for name in (*names, "simulate", "plan"):
         assert name in result.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import operator
 import shutil
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPONENTS = ["engine", "kernels", "prefill_node", "decode_node", "router", "operator"]
+COMPONENTS = ["engine", "kernels", "prefill_node", "decode_node", "router", "operator", "sim"]
 
 
 @pytest.mark.parametrize("folder", COMPONENTS)
@@ -31,10 +32,22 @@ def test_engine_never_imports_a_component_above_it():
         "import sys, tandem.engine; "
         "print(sorted(m for m in sys.modules if m.split('.')[:2] in "
         "(['tandem','router'], ['tandem','prefill_node'], ['tandem','decode_node'], "
-        "['tandem','operator'])))"
+        "['tandem','operator'], ['tandem','sim'])))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_simulator_uses_only_the_router_and_the_engine():
+    code = (
+        "import sys, tandem.sim.cli, tandem.sim.cluster; "
+        "print(sorted({'.'.join(m.split('.')[:2]) for m in sys.modules "
+        "if m.startswith('tandem.')}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(ast.literal_eval(out.stdout))
+    assert {"tandem.engine", "tandem.router", "tandem.sim"} <= loaded
+    assert not loaded & {"tandem.prefill_node", "tandem.decode_node", "tandem.operator"}
 
 
 def test_tandem_make_model_command(tmp_path):

@@ -1,0 +1,73 @@
+"""Fit a device profile's constants from measured step times.
+
+Each sample is a step's shape and its measured seconds. The model of a CPU step is
+`overhead + seq_cost * num_seqs + flops / F + bytes / B` (no overlap: one core computes
+and waits for memory in turn), linear in (overhead, seq_cost, 1/F, 1/B); the fit is least
+squares of the relative error (a 2 ms decode step counts as much as a 500 ms prefill: both
+latencies matter) with every coefficient kept non-negative (a coefficient that would go
+negative is dropped and the rest refitted).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from tandem.sim.profiles import DeviceProfile
+from tandem.sim.shapes import ModelShape
+from tandem.sim.step_model import StepShape, StepTimeModel
+
+# What a dropped 1/F or 1/B term becomes: a rate so high its term vanishes.
+_UNBOUNDED = 1e18
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+    profile: DeviceProfile
+    median_rel_error: float  # |predicted - measured| / measured over the samples
+    num_samples: int
+
+
+def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """argmin |a x - y| with x >= 0, by dropping the most negative column until none is."""
+    active = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            x[active] = sol
+            return x
+        active.pop(int(np.argmin(sol)))
+    return x
+
+
+def fit_profile(
+    samples: Sequence[tuple[StepShape, float]], shape: ModelShape, base: DeviceProfile
+) -> Fit:
+    """`base` with its step constants fitted to `samples` (and overlap off, efficiencies 1)."""
+    if len(samples) < 4:
+        raise ValueError(f"need at least 4 step samples to fit 4 constants, got {len(samples)}")
+    unit = dataclasses.replace(base, compute_efficiency=1.0, bandwidth_efficiency=1.0)
+    model = StepTimeModel(shape, unit)
+    rows = []
+    for step, _ in samples:
+        cost = model.cost(step)
+        rows.append([1.0, step.num_seqs, cost.flops, cost.bytes])
+    a = np.asarray(rows)
+    y = np.asarray([t for _, t in samples])
+    a, y = a / y[:, None], np.ones_like(y)  # relative error: each row divided by its time
+    scale = a.max(axis=0)  # columns of very different magnitudes: fit in units of their max
+    x = nonnegative_lstsq(a / scale, y) / scale
+    profile = dataclasses.replace(
+        unit,
+        step_overhead_s=float(x[0]),
+        seq_overhead_s=float(x[1]),
+        peak_flops=float(1 / x[2]) if x[2] > 0 else _UNBOUNDED,
+        mem_bandwidth=float(1 / x[3]) if x[3] > 0 else _UNBOUNDED,
+        overlap=False,
+    )
+    check = StepTimeModel(shape, profile)
+    errors = [abs(check.step_time(s) - t) / t for s, t in samples]
+    return Fit(profile, float(np.median(errors)), len(samples))

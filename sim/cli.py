@@ -1,0 +1,93 @@
+"""`tandem simulate`: a deployment in simulated time on a workload, at one or more loads;
+prints the figures, writes them as JSON, and plots latency against load."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from tandem.sim.args import add_common_arguments, model_and_device, slo, workload
+from tandem.sim.cluster import ClusterConfig
+from tandem.sim.simulate import sweep
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common_arguments(parser)
+    d = parser.add_argument_group("deployment")
+    d.add_argument("--prefill", type=int, default=1, help="prefill nodes (0: aggregated)")
+    d.add_argument("--decode", type=int, default=1, help="decode nodes")
+    d.add_argument("--tp-prefill", type=int, default=1)
+    d.add_argument("--tp-decode", type=int, default=1)
+    d.add_argument("--policy", default="kv-aware", help="router policy")
+    d.add_argument("--threshold", type=int, default=0, help="remote-prefill threshold (tokens)")
+    d.add_argument("--block-size", type=int, default=16)
+    d.add_argument("--num-kv-blocks", type=int, default=None, help="per node (default: fit)")
+    d.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    d.add_argument("--max-num-seqs", type=int, default=256)
+    d.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+    parser.add_argument(
+        "--load-factors", default="1", help="comma-separated load factors to sweep, e.g. 0.5,1,2"
+    )
+    parser.add_argument("--out", default=None, help="write the result JSON here")
+    parser.add_argument("--plot", default=None, help="write the latency-against-load PNG here")
+
+
+def cluster_config(args: argparse.Namespace, max_model_len: int) -> ClusterConfig:
+    try:
+        return ClusterConfig(
+            num_prefill=args.prefill,
+            num_decode=args.decode,
+            policy=args.policy,
+            remote_prefill_threshold=args.threshold,
+            tp_prefill=args.tp_prefill,
+            tp_decode=args.tp_decode,
+            block_size=args.block_size,
+            num_kv_blocks=args.num_kv_blocks,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            max_model_len=args.max_model_len or max_model_len,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+
+
+def run(args: argparse.Namespace) -> None:
+    shape, profile = model_and_device(args)
+    config = cluster_config(args, shape.max_position_embeddings)
+    try:
+        factors = [float(f) for f in args.load_factors.split(",")]
+    except ValueError as exc:
+        raise SystemExit(f"error: --load-factors: {exc}") from exc
+    requests = workload(args, shape.vocab_size)
+    try:
+        result = sweep(config, shape, profile, requests, slo(args), factors)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+    for r in result["runs"]:
+        print(_line(r))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    if args.plot:
+        from tandem.sim.plot import plot_sweep
+
+        plot_sweep(result, args.plot)
+
+
+def _line(r: dict) -> str:
+    pc, pools = r["prefix_cache"], r["pools"]
+    return (
+        f"load x{r['load_factor']:g} ({r['offered_rps']:.2f} req/s offered): "
+        f"{r['num_finished']}/{r['num_requests']} done, {r['throughput_rps']:.2f} req/s, "
+        f"goodput {r['goodput_rps']:.2f} req/s; "
+        f"TTFT p50 {r['ttft_s']['p50']:.3f} s p90 {r['ttft_s']['p90']:.3f} s; "
+        f"TPOT p50 {_ms(r['tpot_s']['p50'])} p90 {_ms(r['tpot_s']['p90'])}; "
+        f"reused prompt tokens {100 * (pc['reused_token_share'] or 0):.1f}%; "
+        f"KV moved {r['kv_transfer']['bytes'] / 1e9:.2f} GB; "
+        f"decode busy {100 * pools['decode']['busy_mean']:.0f}%; "
+        f"simulated in {r['wall_s']:.1f} s"
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.1f} ms"

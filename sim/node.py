@@ -1,0 +1,134 @@
+"""One simulated node: the real `Scheduler`, `KVCacheManager` and `BlockPool`, stepped in
+simulated time. The model is the only stand-in: a step takes the step-time model's time and
+samples a fixed token for every request whose computed tokens reach its end.
+
+The loop mirrors a node's engine thread (`decode_node/server.py`, `prefill_node/server.py`):
+schedule, run the step, update from its output, publish KV events and load. Subclasses add
+what the role does around the step.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tandem.engine.config import SchedulerConfig
+from tandem.engine.kv_cache_manager import KVCacheManager
+from tandem.engine.kv_events import KVEventBatch, Load, load_of
+from tandem.engine.request import Request
+from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tandem.sim.step_model import StepShape, StepTimeModel
+
+if TYPE_CHECKING:
+    from tandem.sim.cluster import Cluster
+
+# The token every simulated step samples; requests ignore EOS and stop on length.
+SAMPLED_TOKEN = 1
+
+
+class SimNode:
+    """Owns its scheduler and KV-cache manager; publishes to the cluster's router."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        url: str,
+        role: str,
+        scheduler_config: SchedulerConfig,
+        block_size: int,
+        num_blocks: int,
+        step_model: StepTimeModel,
+        remote_prefill_threshold: int = 0,
+    ) -> None:
+        self.cluster = cluster
+        self.url = url
+        self.role = role
+        self.agent = f"{role}-{url}"
+        self.kv = KVCacheManager(block_size, num_blocks, record_events=True)
+        self.scheduler = Scheduler(scheduler_config, self.kv, remote_prefill_threshold)
+        self.step_model = step_model
+        self.stepping = False
+        self._poked = False
+        self.seq = 0  # of the last KV event batch published
+        self._last_load: Load | None = None
+        self.busy_s = 0.0
+        self.kv_usage_s = 0.0  # KV usage at each step's start, times the step's duration
+        self.num_steps = 0
+
+    def add(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+        self.poke()
+
+    def poke(self) -> None:
+        """Something changed: step now unless a step runs (it schedules again when done)."""
+        if not self.stepping and not self._poked:
+            self._poked = True
+            self.cluster.events.after(0.0, self._step)
+
+    def _step(self) -> None:
+        self._poked = False
+        if self.stepping:
+            return
+        out = self.scheduler.schedule()
+        self.before_run(out)
+        if out.is_empty:
+            self.publish()
+            return
+        self.stepping = True
+        self.cluster.num_stepping += 1
+        duration = self.step_model.step_time(step_shape(out)) * self.cluster.contention()
+        self.busy_s += duration
+        self.kv_usage_s += duration * self.kv.usage()
+        self.num_steps += 1
+        self.cluster.events.after(duration, self._end_step, out)
+
+    def _end_step(self, out: SchedulerOutput) -> None:
+        sampled = [
+            SAMPLED_TOKEN if r.num_computed_tokens + n >= r.num_tokens else None
+            for r, n in zip(out.scheduled, out.num_scheduled_tokens)
+        ]
+        self.before_update(out)
+        result = ModelRunnerOutput(sampled, [None] * len(sampled))
+        finished = self.scheduler.update_from_output(out, result)
+        self.after_update(out, sampled, finished)
+        self.stepping = False
+        self.cluster.num_stepping -= 1
+        self.publish()
+        self._step()
+
+    def publish(self) -> None:
+        """KV events and load to the router, when anything changed (one network hop)."""
+        events = self.kv.pool.events
+        load = load_of(self.scheduler)
+        if not events and load == self._last_load:
+            return
+        self.seq += 1
+        batch = KVEventBatch(
+            self.seq,
+            self.agent,
+            [h for stored, h in events if stored],
+            [h for stored, h in events if not stored],
+            load,
+        )
+        events.clear()
+        self._last_load = load
+        self.cluster.send(self.cluster.router.on_kv_events, self.url, batch)
+
+    # -- what each role adds ------------------------------------------------------------
+
+    def before_run(self, out: SchedulerOutput) -> None:
+        """After scheduling, before the step runs."""
+
+    def before_update(self, out: SchedulerOutput) -> None:
+        """The step's KV is written; its requests' counters are not advanced yet."""
+
+    def after_update(
+        self, out: SchedulerOutput, sampled: list[int | None], finished: list[Request]
+    ) -> None:
+        """Tokens appended, finished requests freed."""
+
+
+def step_shape(out: SchedulerOutput) -> StepShape:
+    """What the step-time model needs of a step's plan (before its counters advance)."""
+    contexts = [r.num_computed_tokens + n for r, n in zip(out.scheduled, out.num_scheduled_tokens)]
+    num_sampled = sum(1 for r, c in zip(out.scheduled, contexts) if c >= r.num_tokens)
+    return StepShape(out.num_scheduled_tokens, contexts, num_sampled)

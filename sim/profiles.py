@@ -1,0 +1,79 @@
+"""Device profiles: what the step-time and transfer models know about a device.
+
+A profile is a JSON file (`DeviceProfile.save` / `load_profile`). The H100 and H200 files
+shipped in `profiles/` come from public specifications (their `source` field says which)
+with efficiency factors and overheads that are assumptions until a GPU run calibrates them;
+`bench/calibrate.py` fits a profile from the engine's measured step times on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One device (one GPU, or one CPU engine process) and its links.
+
+    Step time = `step_overhead_s` + `seq_overhead_s` per sequence + `token_overhead_s` per
+    sampled token + the compute and memory
+    times (max of the two when `overlap`, the GPU roofline; their sum otherwise, as on a CPU
+    where one core does both) + the tensor-parallel all-reduces.
+    """
+
+    name: str
+    source: str
+    peak_flops: float  # FLOP/s, dense, in `dtype_bytes` precision
+    mem_bandwidth: float  # bytes/s
+    memory_bytes: float  # device memory, for sizing the KV cache
+    dtype_bytes: int = 2
+    compute_efficiency: float = 1.0  # achieved / peak FLOP/s
+    bandwidth_efficiency: float = 1.0  # achieved / peak bytes/s
+    step_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0
+    overlap: bool = True
+    tp_bandwidth: float = 0.0  # bytes/s per device for TP all-reduces (NVLink)
+    tp_latency_s: float = 0.0  # per all-reduce
+    kv_link_bandwidth: float = 1e9  # bytes/s of a KV write between nodes
+    kv_transfer_latency_s: float = 0.0  # per write posted
+    kv_descriptor_s: float = 0.0  # per descriptor (run of adjacent blocks) in a write
+    network_latency_s: float = 0.0  # one message hop (HTTP, ZMQ, KV events)
+    # Per token a step samples: streaming it out (detokenization, a record over HTTP), which
+    # on a CPU node shares the engine's interpreter; fitted by bench/sim_validate.py.
+    token_overhead_s: float = 0.0
+    memory_utilization: float = 0.9
+    # CPU hosts: every node of a simulated deployment shares these cores (`tandem serve` on
+    # one machine), so a step stretches while more nodes step at once than there are cores.
+    # 0: each node has devices of its own.
+    host_cores: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("peak_flops", "mem_bandwidth", "kv_link_bandwidth"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"profile {self.name!r}: {name} must be positive")
+        for name in ("compute_efficiency", "bandwidth_efficiency", "memory_utilization"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"profile {self.name!r}: {name} must be in (0, 1]")
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+
+def load_profile(name_or_path: str) -> DeviceProfile:
+    """A shipped profile by name (`h100`, `h200`, `cpu`) or a profile JSON file.
+    Raises ValueError for an unknown name or a file with unknown fields."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = PROFILE_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROFILE_DIR.glob("*.json")))
+        raise ValueError(f"unknown device profile {name_or_path!r}: a JSON file or one of {known}")
+    raw = json.loads(path.read_text())
+    unknown = set(raw) - {f.name for f in fields(DeviceProfile)}
+    if unknown:
+        raise ValueError(f"{path}: unknown profile fields {sorted(unknown)}")
+    return DeviceProfile(**raw)

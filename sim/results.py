@@ -1,0 +1,103 @@
+"""Figures of one simulated run: latency percentiles, goodput under an SLO, prefix-cache hit
+rates, KV bytes moved and per-pool utilisation, as a JSON-ready dict."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tandem.sim.cluster import Cluster, RequestRecord
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float = 2.0
+    tpot_s: float = 0.1
+
+
+def tpot(r: RequestRecord) -> float | None:
+    """Time per output token after the first (None for one-token outputs)."""
+    if r.num_output_tokens < 2 or r.finish_s is None or r.first_token_s is None:
+        return None
+    return (r.finish_s - r.first_token_s) / (r.num_output_tokens - 1)
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    if not values:
+        return {f"p{p}": None for p in (*PERCENTILES, "mean")}
+    arr = np.asarray(values)
+    out: dict[str, float | None] = {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES}
+    out["mean"] = float(arr.mean())
+    return out
+
+
+def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> dict[str, Any]:
+    done = [r for r in records if r.finish_s is not None]
+    ttfts = [r.first_token_s - r.arrival_s for r in done]
+    tpots = [t for r in done if (t := tpot(r)) is not None]
+    e2es = [r.finish_s - r.arrival_s for r in done]
+    start = min((r.arrival_s for r in records), default=0.0)
+    end = max((r.finish_s for r in done), default=start)
+    duration = max(end - start, 1e-9)
+    good = sum(
+        1
+        for r in done
+        if r.first_token_s - r.arrival_s <= slo.ttft_s and (tpot(r) or 0.0) <= slo.tpot_s
+    )
+    return {
+        "num_requests": len(records),
+        "num_finished": len(done),
+        "duration_s": duration,
+        "throughput_rps": len(done) / duration,
+        "output_tokens_per_s": sum(r.num_output_tokens for r in done) / duration,
+        "goodput_rps": good / duration,
+        "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attained": good / max(len(done), 1)},
+        "ttft_s": _percentiles(ttfts),
+        "tpot_s": _percentiles(tpots),
+        "e2e_s": _percentiles(e2es),
+        "prefix_cache": _prefix_cache(cluster, records),
+        "kv_transfer": {
+            "bytes": sum(p.num_bytes for p in cluster.prefills),
+            "blocks": sum(p.num_blocks_sent for p in cluster.prefills),
+            "remote_requests": sum(1 for r in records if r.remote),
+        },
+        "pools": {
+            "decode": _pool(cluster.decodes, duration),
+            "prefill": _pool(cluster.prefills, duration),
+        },
+        "num_preemptions": sum(n.scheduler.num_preemptions for n in cluster.nodes.values()),
+        "num_events": cluster.events.num_events,
+    }
+
+
+def _prefix_cache(cluster: Cluster, records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Token hit rates as the nodes count them (`tandem_prefix_cache_*`), and the share of
+    prompt tokens that no node recomputed."""
+    out: dict[str, Any] = {}
+    for role, nodes in (("decode", cluster.decodes), ("prefill", cluster.prefills)):
+        queries = sum(n.kv.stats.queries for n in nodes)
+        hits = sum(n.kv.stats.hits for n in nodes)
+        out[f"{role}_hit_rate"] = hits / queries if queries else None
+    prompt = sum(r.num_prompt_tokens for r in records)
+    reused = sum(max(r.num_cached_tokens, r.num_prefill_cached_tokens) for r in records)
+    out["reused_token_share"] = reused / prompt if prompt else None
+    return out
+
+
+def _pool(nodes: Sequence, duration: float) -> dict[str, Any]:
+    if not nodes:
+        return {"nodes": 0}
+    busy = [n.busy_s / duration for n in nodes]
+    kv = [n.kv_usage_s / duration for n in nodes]
+    return {
+        "nodes": len(nodes),
+        "busy_mean": float(np.mean(busy)),
+        "busy_max": float(np.max(busy)),
+        "kv_usage_mean": float(np.mean(kv)),
+        "steps": sum(n.num_steps for n in nodes),
+    }

@@ -1,0 +1,69 @@
+"""The simulated router: the real `WorkerPool`, `PrefixIndex` and `Dispatcher.route` (the
+policy on a snapshot of the workers), fed by the simulated nodes' KV events."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from prometheus_client import CollectorRegistry
+
+from tandem.engine.kv_events import KVEventBatch
+from tandem.router.dispatch import Dispatcher
+from tandem.router.kv_index import PrefixIndex
+from tandem.router.metrics import RouterMetrics
+from tandem.router.policy import POLICIES, Route
+from tandem.router.preprocess import Prompt
+from tandem.router.workers import WorkerAddress, WorkerPool, WorkerState
+
+# Where a simulated worker's prefill requests go, as the router hands it to decode nodes.
+ZMQ_PORT = 5555
+
+Snapshotter = Callable[[str], tuple[str, int, list[int]]]
+
+
+class SimRouter:
+    def __init__(
+        self,
+        policy: str,
+        block_size: int,
+        workers: Sequence[WorkerAddress],
+        snapshot: Snapshotter,
+        send: Callable[..., None],
+    ) -> None:
+        """`snapshot(url)`: the node's (agent, seq, hashes), as `GET /kv/snapshot` answers;
+        `send(callback, *args)`: deliver after one network hop."""
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        self.pool = WorkerPool()
+        self.pool.update(list(workers))
+        for w in workers:
+            self.pool.health_ok(w.url, {"role": w.role, "agent": w.url, "zmq_port": ZMQ_PORT})
+        self.index = PrefixIndex()
+        metrics = RouterMetrics(CollectorRegistry(), "sim", "sim-router")
+        self.dispatcher = Dispatcher(
+            self.pool, self.index, POLICIES[policy], None, metrics, block_size
+        )
+        self._snapshot = snapshot
+        self._send = send
+        self.num_resyncs = 0
+
+    def route(self, prompt: Prompt) -> tuple[Route, WorkerState, WorkerState | None]:
+        """Pick the workers and count the request in flight on them (as `_attempt` does)."""
+        route = self.dispatcher.route(prompt)
+        decode = self.pool.workers[route.decode.url]
+        prefill = self.pool.workers[route.prefill.url] if route.prefill else None
+        for state in (decode, prefill):
+            if state is not None:
+                state.inflight += 1
+        return route, decode, prefill
+
+    def on_kv_events(self, url: str, batch: KVEventBatch) -> None:
+        """As `WorkerMonitor.read_events`: take the load, apply the batch, resync on a gap."""
+        self.pool.workers[url].load = batch.load
+        if self.index.apply(url, batch):
+            self.num_resyncs += 1
+            self._send(self._resync, url)
+
+    def _resync(self, url: str) -> None:
+        agent, seq, hashes = self._snapshot(url)
+        self._send(self.index.load_snapshot, url, agent, seq, hashes)

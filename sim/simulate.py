@@ -1,0 +1,54 @@
+"""One simulation from plain inputs, and a sweep of it over load factors."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from tandem.sim.cluster import Cluster, ClusterConfig
+from tandem.sim.profiles import DeviceProfile
+from tandem.sim.results import SLO, summarize
+from tandem.sim.shapes import ModelShape
+from tandem.sim.workload import SimRequest, fit_lengths, scale_load
+
+
+def simulate(
+    config: ClusterConfig,
+    shape: ModelShape,
+    profile: DeviceProfile,
+    requests: Sequence[SimRequest],
+    slo: SLO,
+) -> dict[str, Any]:
+    """Run the workload on a fresh cluster; the summary, with the wall time it took."""
+    cluster = Cluster(config, shape, profile)
+    start = time.perf_counter()
+    records = cluster.run(fit_lengths(requests, config.max_model_len))
+    cluster.check_integrity()
+    summary = summarize(cluster, records, slo)
+    summary["wall_s"] = time.perf_counter() - start
+    return summary
+
+
+def sweep(
+    config: ClusterConfig,
+    shape: ModelShape,
+    profile: DeviceProfile,
+    requests: Sequence[SimRequest],
+    slo: SLO,
+    load_factors: Sequence[float],
+) -> dict[str, Any]:
+    """The workload replayed at each load factor (arrival times divided by it)."""
+    span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
+    runs = []
+    for factor in load_factors:
+        summary = simulate(config, shape, profile, scale_load(requests, factor), slo)
+        offered = len(requests) / (span / factor) if span > 0 else float("inf")
+        runs.append({"load_factor": factor, "offered_rps": offered, **summary})
+    return {
+        "model": asdict(shape),
+        "profile": asdict(profile),
+        "cluster": asdict(config),
+        "runs": runs,
+    }

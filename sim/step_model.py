@@ -1,0 +1,84 @@
+"""Stand-in for the model: how long one engine step takes, from the model's shape, the
+device profile and the step's plan (tokens per request and their context lengths)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tandem.sim.profiles import DeviceProfile
+from tandem.sim.shapes import ModelShape
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What the step computes: per request its new tokens and its context after the step;
+    `num_sampled` requests reach their end and get logits."""
+
+    num_tokens: Sequence[int]
+    context_lens: Sequence[int]
+    num_sampled: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.num_tokens)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    flops: float
+    bytes: float
+    comm_bytes: float  # per device, for the TP all-reduces
+
+
+class StepTimeModel:
+    """Roofline of one step on `tp` devices, plus the profile's fitted overheads."""
+
+    def __init__(self, shape: ModelShape, profile: DeviceProfile, tp: int = 1) -> None:
+        if tp < 1 or (shape.num_kv_heads % tp and tp % shape.num_kv_heads):
+            raise ValueError(f"tensor parallel size {tp} does not divide the KV heads")
+        self.shape = shape
+        self.profile = profile
+        self.tp = tp
+        m, b = shape, profile.dtype_bytes
+        self._attn_dim = m.num_layers * m.num_heads * m.head_dim
+        self._kv_per_token = m.kv_bytes_per_token(b)
+        self._weight_bytes = m.num_params * b
+        self._lm_head_flops = 2 * m.hidden_size * m.vocab_size
+
+    def cost(self, step: StepShape) -> StepCost:
+        """FLOPs and bytes of the whole step (all TP ranks together)."""
+        m = self.shape
+        total = sum(step.num_tokens)
+        # causal attention: each new token sees the context before it, half the new ones
+        attended = sum(n * (c - n / 2) for n, c in zip(step.num_tokens, step.context_lens))
+        flops = (
+            2 * m.layer_params * total
+            + 4 * self._attn_dim * attended
+            + self._lm_head_flops * step.num_sampled
+        )
+        kv_read = self._kv_per_token * sum(step.context_lens)
+        kv_write = self._kv_per_token * total
+        comm = 2 * m.num_layers * total * m.hidden_size * self.profile.dtype_bytes
+        return StepCost(flops, self._weight_bytes + kv_read + kv_write, comm)
+
+    def step_time(self, step: StepShape) -> float:
+        p, tp = self.profile, self.tp
+        cost = self.cost(step)
+        compute = cost.flops / tp / (p.peak_flops * p.compute_efficiency)
+        memory = cost.bytes / tp / (p.mem_bandwidth * p.bandwidth_efficiency)
+        work = max(compute, memory) if p.overlap else compute + memory
+        if tp > 1:  # ring all-reduce: 2 (tp-1)/tp of the activations per device, per layer x2
+            work += 2 * self.shape.num_layers * p.tp_latency_s
+            work += cost.comm_bytes * 2 * (tp - 1) / tp / p.tp_bandwidth
+        overhead = p.step_overhead_s + p.seq_overhead_s * step.num_seqs
+        return overhead + p.token_overhead_s * step.num_sampled + work
+
+    def kv_blocks_per_device(self, block_size: int) -> int:
+        """KV blocks that fit beside this rank's share of the weights."""
+        p = self.profile
+        free = p.memory_bytes * p.memory_utilization - self._weight_bytes / self.tp
+        block_bytes = self._kv_per_token * block_size / self.tp
+        if free < block_bytes:
+            raise ValueError(f"{self.shape.name} at TP {self.tp} does not fit in {p.name}'s memory")
+        return int(free // block_bytes)

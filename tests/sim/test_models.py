@@ -1,0 +1,81 @@
+"""The step-time and transfer stand-ins: the direction of every dependency, and profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tandem.sim.profiles import DeviceProfile, load_profile
+from tandem.sim.shapes import SHAPES, load_shape
+from tandem.sim.step_model import StepShape, StepTimeModel
+from tandem.sim.transfer_model import TransferModel, num_runs
+
+LLAMA_8B = SHAPES["llama-3-8b"]
+
+
+def test_shipped_shapes_have_their_published_parameter_counts():
+    assert 7.9e9 < LLAMA_8B.num_params < 8.1e9  # "8B": 8.03e9
+    assert 70.0e9 < SHAPES["llama-3-70b"].num_params < 71.0e9  # "70B": 70.6e9
+
+
+def test_a_model_folder_gives_its_shape(llama_dir):
+    shape = load_shape(str(llama_dir))
+    assert shape.num_layers >= 1 and shape.vocab_size > 0
+    with pytest.raises(ValueError, match="unknown model"):
+        load_shape("no-such-model")
+
+
+def test_decode_is_memory_bound_and_prefill_compute_bound_on_an_h100():
+    model = StepTimeModel(LLAMA_8B, load_profile("h100"))
+    decode = model.step_time(StepShape([1] * 8, [1000] * 8, 8))
+    longer = model.step_time(StepShape([1] * 8, [4000] * 8, 8))
+    prefill = model.step_time(StepShape([2048], [2048], 1))
+    assert longer > decode  # more KV to read
+    # 8 decode tokens cost about a weight read; 2048 prompt tokens cost far more
+    weights_s = LLAMA_8B.num_params * 2 / (3.35e12 * 0.8)
+    assert decode == pytest.approx(weights_s, rel=0.5)
+    assert prefill > 5 * decode
+
+
+def test_tensor_parallelism_shortens_a_step_and_more_gpus_hold_more_blocks():
+    h100 = load_profile("h100")
+    step = StepShape([512] * 4, [512] * 4, 4)
+    one, two = StepTimeModel(LLAMA_8B, h100, 1), StepTimeModel(LLAMA_8B, h100, 2)
+    assert two.step_time(step) < one.step_time(step)
+    assert two.kv_blocks_per_device(16) > 2 * one.kv_blocks_per_device(16)
+    with pytest.raises(ValueError, match="does not fit"):
+        StepTimeModel(SHAPES["llama-3-70b"], h100, 1).kv_blocks_per_device(16)
+
+
+def test_a_cpu_profile_adds_compute_and_memory_times():
+    h100 = load_profile("h100")
+    summed = dataclasses.replace(h100, overlap=False)
+    step = StepShape([256], [256], 1)
+    a, b = StepTimeModel(LLAMA_8B, h100), StepTimeModel(LLAMA_8B, summed)
+    assert b.step_time(step) > a.step_time(step)
+
+
+def test_transfers_count_runs_of_adjacent_blocks_and_bytes():
+    assert num_runs([1, 2, 3, 7], [10, 11, 12, 13]) == 2
+    assert num_runs([1, 2, 3], [10, 12, 13]) == 2
+    assert num_runs([], []) == 0
+    t = TransferModel(LLAMA_8B, load_profile("h100"), block_size=16)
+    assert t.block_bytes == 32 * 2 * 8 * 128 * 2 * 16  # 2 MiB, design §4's layout
+    assert t.write_time(64, 8) > t.write_time(64, 1) > t.write_time(1, 1)
+
+
+def test_profiles_round_trip_and_bad_ones_are_refused(tmp_path):
+    h200 = load_profile("h200")
+    path = tmp_path / "p.json"
+    h200.save(path)
+    assert load_profile(str(path)) == h200
+    with pytest.raises(ValueError, match="unknown device profile"):
+        load_profile("tpu")
+    with pytest.raises(ValueError, match="must be in"):
+        dataclasses.replace(h200, compute_efficiency=1.5)
+    path.write_text('{"name": "x", "bogus": 1}')
+    with pytest.raises(ValueError, match="unknown profile fields"):
+        load_profile(str(path))
+    assert isinstance(h200, DeviceProfile)
+    assert h200.mem_bandwidth > load_profile("h100").mem_bandwidth

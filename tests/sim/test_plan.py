@@ -1,0 +1,66 @@
+"""`tandem plan`: candidates in order of cost, the cheapest that meets the SLOs, and an
+`LLMDeployment` the operator accepts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import yaml
+
+from tandem.operator.spec import parse
+from tandem.sim.cluster import ClusterConfig
+from tandem.sim.plan import SearchSpace, candidates
+from tests.bounds import PROCESS_S
+
+
+def test_candidates_of_a_device_count_cover_tp_splits_and_thresholds():
+    space = SearchSpace(tp_sizes=(1, 2), thresholds=(0, 512))
+    found = list(candidates(ClusterConfig(), space, 4))
+    assert all(c.num_devices == 4 for c in found)
+    # TP1: 4 nodes, 0-3 prefill (aggregated once, 3 splits x 2 thresholds); TP2: 2 nodes
+    assert len(found) == (1 + 3 * 2) + (1 + 1 * 2)
+    assert ClusterConfig(num_prefill=0, num_decode=4) in found
+    assert not list(candidates(ClusterConfig(), SearchSpace(tp_sizes=(2,)), 3))
+
+
+def plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "tandem.engine.cli", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=PROCESS_S,
+    )
+
+
+WORKLOAD = (
+    "--num-requests", "40", "--prompt-tokens", "1000,4000", "--output-tokens", "20,80",
+    "--tp", "1", "--thresholds", "0", "--max-devices", "6", "--slo-tpot", "0.05",
+)  # fmt: skip
+
+
+def test_plan_needs_more_devices_for_more_load_and_prints_a_valid_deployment(tmp_path):
+    light = plan(*WORKLOAD, "--target-rate", "1", "--slo-ttft", "0.5")
+    heavy = plan(
+        *WORKLOAD, "--target-rate", "40", "--slo-ttft", "0.5", "--yaml", str(tmp_path / "d.yaml")
+    )
+    assert light.returncode == 0 and heavy.returncode == 0, light.stderr + heavy.stderr
+    devices = []
+    for out in (light.stdout, heavy.stdout):
+        line = next(x for x in out.splitlines() if x.startswith("cheapest: "))
+        assert "meets the SLOs" in line
+        devices.append(int(line.split()[1]))
+    assert devices[1] > devices[0]
+    llmd = yaml.safe_load((tmp_path / "d.yaml").read_text())
+    spec = parse(llmd)  # the operator's own reading of the custom resource
+    assert (
+        spec.prefill.replicas * spec.prefill.tensor_parallel_size
+        + (spec.decode.replicas * spec.decode.tensor_parallel_size)
+        == devices[1]
+    )
+
+
+def test_plan_says_when_nothing_meets_the_slos():
+    result = plan(*WORKLOAD, "--target-rate", "5", "--slo-ttft", "0.0001", "--max-devices", "2")
+    assert result.returncode != 0
+    assert "no deployment of up to 2 h100 devices meets the SLOs" in result.stderr
