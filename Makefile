@@ -14,17 +14,22 @@ SERVE_ARGS ?=
 
 .PHONY: install prometheus test test-gpu test-e2e lint format serve bench bench-serve clean
 
-install: $(STAMP) prometheus
+install: $(STAMP)
 
-# Debian's prometheus and promtool, for tests/router/test_prometheus.py. No service is left
-# running: without recommends (no node exporter), and one a systemd host started is stopped.
+# Debian's prometheus and promtool, for tests/router/test_prometheus.py (only `make test`
+# needs them). A failed apt-get fails the target. No service is left running: without
+# recommends (no node exporter), and one the package's scripts started (init.d or systemd) is
+# stopped.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 prometheus:
-	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
-	  $(SUDO) apt-get update -qq && \
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  set -e; \
+	  $(SUDO) apt-get update -qq; \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus; \
 	  if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then \
-	    $(SUDO) systemctl disable --now prometheus; fi; }
+	    $(SUDO) systemctl disable --now prometheus; fi; \
+	  if [ -x /etc/init.d/prometheus ]; then $(SUDO) /etc/init.d/prometheus stop >/dev/null 2>&1 || true; fi; \
+	fi
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -33,7 +38,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-test: install
+test: install prometheus
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu and not e2e" $(PYTEST_ARGS)

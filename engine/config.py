@@ -283,10 +283,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         check_tensor_parallel_size(self.model, self.tensor_parallel_size)
         tp = self.tensor_parallel_size
-        if tp > 1 and self.device.type == "cuda" and tp > torch.cuda.device_count():
+        first = self.device.index or 0  # rank r runs on cuda:(first + r)
+        if tp > 1 and self.device.type == "cuda" and first + tp > torch.cuda.device_count():
             raise ValueError(
                 f"tensor_parallel_size {self.tensor_parallel_size} needs as many GPUs, but "
-                f"{torch.cuda.device_count()} are visible"
+                f"{torch.cuda.device_count() - first} are visible from {self.device}"
             )
         if self.kernels not in KERNEL_BACKENDS:
             raise ValueError(f"unknown kernels {self.kernels!r}; use auto, torch or triton")

@@ -69,6 +69,7 @@ class ModelRunner:
         self.block_ids_of = block_ids_of
         self.sampler = Sampler()
         self.workers: WorkerRanks | None = None
+        self.broken: str | None = None  # why the ranks were stopped mid-run
         tp = TensorParallel(config.model, 0, config.tensor_parallel_size)
         if tp.size == 1:
             self.shard = ModelShard(config, tp)
@@ -113,12 +114,27 @@ class ModelRunner:
             self.workers = None
             self.shard.tp.group = None
 
+    def _forward_all_ranks(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every rank runs `batch`. A step that fails on rank 0 after the others started it
+        leaves them inside its collectives, out of step for good: the ranks are stopped and
+        this runner refuses further steps."""
+        try:
+            self.workers.broadcast(batch)
+            return self.shard.forward(batch)
+        except BaseException as exc:
+            self.broken = f"a step failed on rank 0 ({type(exc).__name__}: {exc})"
+            self.close()
+            raise
+
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        if self.broken is not None:
+            raise RuntimeError(f"the tensor-parallel ranks were stopped: {self.broken}")
         batch = self._prepare(out)
-        if self.workers is not None:
-            self.workers.broadcast(batch)
-        hidden, logits = self.shard.forward(batch)  # [T, H], [S, V]
+        if self.workers is None:
+            hidden, logits = self.shard.forward(batch)  # [T, H], [S, V]
+        else:
+            hidden, logits = self._forward_all_ranks(batch)
         kv_written = StepEvent.record(hidden.device)
         num_seqs = len(out.scheduled)
         sampled: list[int | None] = [None] * num_seqs

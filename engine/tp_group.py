@@ -41,7 +41,6 @@ class WorkerRanks:
 
     def __init__(self, config: EngineConfig, num_threads: int) -> None:
         """Spawn the ranks; they start loading at once. `num_threads`: torch threads each."""
-        ctx = mp.get_context("spawn")
         self.processes: list[BaseProcess] = []
         self.conns: list[Connection] = []
         self._lifelines: list[Connection] = []
@@ -49,6 +48,14 @@ class WorkerRanks:
         self.peak_rss_bytes: list[int] = []
         self.load_rss_bytes: list[int] = []
         self._store: dist.TCPStore | None = None  # rank 0 hosts it while the group lives
+        try:
+            self._spawn(config, num_threads)
+        except BaseException:
+            self.kill()  # the ranks already started
+            raise
+
+    def _spawn(self, config: EngineConfig, num_threads: int) -> None:
+        ctx = mp.get_context("spawn")
         for rank in range(1, config.tensor_parallel_size):
             parent, child = ctx.Pipe()
             watch, keep = ctx.Pipe(duplex=False)

@@ -16,8 +16,10 @@ import contextlib
 import dataclasses
 import os
 import resource
+import signal
 import threading
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from multiprocessing.connection import Connection
 
@@ -44,10 +46,11 @@ def rss_bytes() -> int:
 
 
 def rank_config(config: EngineConfig, rank: int) -> EngineConfig:
-    """Rank `rank`'s config: its own GPU (cuda:rank); the CPU is shared."""
+    """Rank `rank`'s config: its own GPU, `rank` after rank 0's; the CPU is shared."""
     if config.device.type != "cuda":
         return config
-    return dataclasses.replace(config, device=torch.device("cuda", rank))
+    first = config.device.index or 0
+    return dataclasses.replace(config, device=torch.device("cuda", first + rank))
 
 
 def connect_rank(tp: TensorParallel, port: int, device: torch.device) -> None:
@@ -67,10 +70,24 @@ def _follow_parent(lifeline: Connection) -> None:
     threading.Thread(target=watch, name="tp-lifeline", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _reported(conn: Connection) -> Iterator[None]:
+    """A start-up phase whose failure rank 0 hears about (its traceback), then exit 1."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            conn.send(("failed", traceback.format_exc()))
+        raise SystemExit(1) from None
+
+
 def run_worker(
     config: EngineConfig, rank: int, conn: Connection, lifeline: Connection, num_threads: int
 ) -> None:
     """Serve as rank `rank` until rank 0 sends None or goes away."""
+    # Ctrl-C reaches the whole process group: rank 0 decides when ranks stop (None, or
+    # its lifeline), so a rank must not die under a step that rank 0 still drains.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _follow_parent(lifeline)
     rss_before = rss_bytes()
     torch.set_num_threads(num_threads)
@@ -78,15 +95,13 @@ def run_worker(
     if config.device.type == "cuda":
         torch.cuda.set_device(config.device)
     tp = TensorParallel(config.model, rank, config.tensor_parallel_size)
-    try:
+    with _reported(conn):
         shard = ModelShard(config, tp)
-    except BaseException:
-        conn.send(("failed", traceback.format_exc()))
-        raise SystemExit(1) from None
     conn.send(("loaded", peak_rss_bytes(), rss_bytes() - rss_before))
     _, port = conn.recv()
-    connect_rank(tp, port, config.device)
-    shard.capture_graphs()
+    with _reported(conn):
+        connect_rank(tp, port, config.device)
+        shard.capture_graphs()
     conn.send(("ready",))
     with contextlib.suppress(EOFError):
         while (batch := conn.recv()) is not None:

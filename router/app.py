@@ -255,10 +255,7 @@ class Router:
 
         @app.get("/metrics")
         async def metrics() -> Response:
-            for w in self.pool.workers.values():
-                self.metrics.child(
-                    self.metrics.worker_healthy, worker=w.url, worker_role=w.address.role
-                ).set(1 if w.healthy else 0)
+            self.metrics.observe_workers(self.pool.workers.values())
             return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

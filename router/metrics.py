@@ -7,11 +7,14 @@ the process's CPU, memory and open file descriptors. Labels `model`, `role="rout
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from tandem.engine.metrics import LABELS, LATENCY_BUCKETS
 from tandem.router.phase_metrics import PhaseMetrics
 from tandem.router.policy import Route
+from tandem.router.workers import WorkerState
 
 ROUTING_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1)
 
@@ -79,6 +82,17 @@ class RouterMetrics:
         )  # fmt: skip
         self.phases = PhaseMetrics(r, self._labels)
         ProcessCollector(registry=r)  # process_cpu_seconds_total, _resident_memory_bytes, ...
+        # present from the start, 0 until a request runs: the no-healthy-decode alert's zero
+        self.child(self.in_flight)
+
+    def observe_workers(self, workers: Iterable[WorkerState]) -> None:
+        """One health series per worker in the pool now: one dropped from it leaves with
+        it, not stuck at its last value."""
+        self.worker_healthy.clear()
+        for w in workers:
+            self.child(self.worker_healthy, worker=w.url, worker_role=w.address.role).set(
+                1 if w.healthy else 0
+            )
 
     def child(self, metric, **labels: str):
         """`metric` bound to the router's labels plus `labels`."""

@@ -81,18 +81,19 @@ def ensure_model(model: str | None) -> Path:
 
 
 def check_tensor_parallel(args: argparse.Namespace) -> None:
-    """SystemExit for sizes below 1, and for prefill nodes of more than one rank while any
-    prefill node runs (they cannot ship KV yet; decode nodes of several ranks prefill
-    locally, see docs/engine.md)."""
+    """SystemExit for sizes below 1, and for either role above 1 while prefill nodes run:
+    per-rank KV transfer is not built, so decode nodes of several ranks prefill locally and
+    prefill nodes of several ranks cannot ship (the operator refuses the same)."""
     for role in ("prefill", "decode"):
         if getattr(args, f"{role}_tensor_parallel_size") < 1:
             raise SystemExit(f"tandem serve: --{role}-tensor-parallel-size must be at least 1")
-    if args.prefill and args.prefill_tensor_parallel_size > 1:
-        raise SystemExit(
-            "tandem serve: --prefill-tensor-parallel-size above 1: a prefill node ships KV "
-            "from one rank's cache (per-rank KV transfer is not built yet); use --prefill 0 "
-            "for decode nodes of several ranks that prefill locally"
-        )
+    for role in ("prefill", "decode"):
+        if args.prefill and getattr(args, f"{role}_tensor_parallel_size") > 1:
+            raise SystemExit(
+                f"tandem serve: --{role}-tensor-parallel-size above 1 is served only with "
+                "--prefill 0 for now (decode nodes of several ranks prefill locally): per-rank "
+                "KV transfer between prefill and decode is not built"
+            )
 
 
 def decode_flags(args: argparse.Namespace) -> list[str]:

@@ -58,8 +58,9 @@ def test_a_prefill_node_of_two_ranks_refuses_to_start(llama_dir):
     assert "--tensor-parallel-size above 1" in err
 
 
-def test_serve_refuses_prefill_ranks_but_not_decode_ranks_alone(llama_dir):
-    err = _refused("serve", "--model", str(llama_dir), "--prefill-tensor-parallel-size", "2")
-    assert "--prefill-tensor-parallel-size above 1" in err and "--prefill 0" in err
+def test_serve_refuses_ranks_beside_prefill_nodes(llama_dir):
+    for role in ("prefill", "decode"):
+        err = _refused("serve", "--model", str(llama_dir), f"--{role}-tensor-parallel-size", "2")
+        assert f"--{role}-tensor-parallel-size above 1" in err and "--prefill 0" in err
     err = _refused("serve", "--model", str(llama_dir), "--decode-tensor-parallel-size", "0")
     assert "--decode-tensor-parallel-size must be at least 1" in err

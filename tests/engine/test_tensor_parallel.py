@@ -73,8 +73,14 @@ def _wait_gone(pids: list[int]) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_two_ranks_match_one(model_dirs, arch):
     one = LLM(str(model_dirs[arch]), kernels="torch", **ENGINE)
-    two = LLM(str(model_dirs[arch]), kernels="torch", tensor_parallel_size=2, **ENGINE)
-    workers = two.engine.runner.workers.processes
+    with LLM(str(model_dirs[arch]), kernels="torch", tensor_parallel_size=2, **ENGINE) as two:
+        workers = two.engine.runner.workers.processes
+        _match_one(one, two, arch)
+    assert two.engine.runner.workers is None
+    assert [p.exitcode for p in workers] == [0]
+
+
+def _match_one(one: LLM, two: LLM, arch: str) -> None:
     assert two.engine.runner.kv_cache.shape[-2] == one.engine.runner.kv_cache.shape[-2] // 2
 
     prompt = prompts(one.engine.config.model.vocab_size)[6]  # 180 tokens
@@ -98,9 +104,6 @@ def test_two_ranks_match_one(model_dirs, arch):
             logprob_gap(ref.outputs[0]),
             f"{arch}, prompt of {len(prompt)} tokens",
         )
-    two.shutdown()
-    assert two.engine.runner.workers is None
-    assert [p.exitcode for p in workers] == [0]
 
 
 def test_a_size_that_does_not_split_the_heads_is_refused(llama_dir):
@@ -194,7 +197,11 @@ def test_two_ranks_through_the_triton_kernels(llama_dir):
     backend over its own heads, and the decode buckets' static buffers in every rank."""
     kwargs = {"kernels": "triton", "block_size": 4, "num_kv_blocks": 24, "max_num_seqs": 4}
     one = LLM(str(llama_dir), **kwargs)
-    two = LLM(str(llama_dir), tensor_parallel_size=2, **kwargs)
+    with LLM(str(llama_dir), tensor_parallel_size=2, **kwargs) as two:
+        _triton_matches_one(one, two)
+
+
+def _triton_matches_one(one: LLM, two: LLM) -> None:
     assert two.engine.runner.graphs is not None
     batch = prompts(one.engine.config.model.vocab_size, [3, 17, 40])
     params = SamplingParams(temperature=0, max_tokens=6, min_tokens=6, logprobs=2)
@@ -209,4 +216,25 @@ def test_two_ranks_through_the_triton_kernels(llama_dir):
             logprob_gap(ref.outputs[0]),
             f"triton, prompt of {len(prompt)} tokens",
         )
-    two.shutdown()
+
+
+def test_a_step_failing_on_rank_0_stops_the_ranks_and_later_steps_are_refused(llama_dir):
+    """Rank 0 fails after the others started the step (they wait in its collectives): the
+    ranks are stopped, never fed a next step that would pair with the old collectives."""
+    with LLM(str(llama_dir), kernels="torch", tensor_parallel_size=2, **ENGINE) as llm:
+        runner = llm.engine.runner
+        workers = runner.workers.processes
+        forward = runner.shard.forward
+
+        def fails(batch):
+            raise MemoryError("rank 0 only")
+
+        runner.shard.forward = fails
+        params = SamplingParams(temperature=0, max_tokens=4)
+        with pytest.raises(MemoryError, match="rank 0 only"):
+            llm.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=params, use_tqdm=False)
+        assert runner.workers is None
+        _wait_gone([p.pid for p in workers])
+        runner.shard.forward = forward
+        with pytest.raises(RuntimeError, match="ranks were stopped: a step failed on rank 0"):
+            llm.generate(prompt_token_ids=[[1, 2, 3]], sampling_params=params, use_tqdm=False)

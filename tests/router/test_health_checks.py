@@ -84,3 +84,28 @@ def test_with_every_decode_worker_ejected_those_that_served_before_are_tried():
     assert [v.url for v in prefill] == ["http://p:1"]
     # once tried (excluded), they are not offered again; a worker that never answered never
     assert pool.snapshot({}, frozenset(urls[:2]))[1] == ()
+
+
+def test_worker_health_series_follow_the_pool_and_a_router_without_decode_reads_zero():
+    """A worker dropped from the pool leaves its series with it (a stale 1 would hide the
+    no-healthy-decode alert), and a router that knows no decode worker still has the
+    in-flight gauge that the alert reads as zero."""
+    pool, metrics = WorkerPool(), RouterMetrics(CollectorRegistry(), "m", "router-0")
+    old, new = "http://d-old:1", "http://d-new:1"
+    pool.update([WorkerAddress(old, "decode")])
+    pool.health_ok(old, {"role": "decode", "agent": "a"})
+    metrics.observe_workers(pool.workers.values())
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "tandem_router_worker_healthy", worker=old) == 1
+
+    pool.update([WorkerAddress(new, "decode")])  # the pod replaced, not yet healthy
+    metrics.observe_workers(pool.workers.values())
+    text = generate_latest(metrics.registry).decode()
+    assert f'worker="{old}"' not in text
+    assert metric_value(text, "tandem_router_worker_healthy", worker=new) == 0
+
+    pool.update([])
+    metrics.observe_workers(pool.workers.values())
+    text = generate_latest(metrics.registry).decode()
+    assert "tandem_router_worker_healthy{" not in text
+    assert 'tandem_router_requests_in_flight{model="m"' in text
