@@ -36,6 +36,13 @@ _END = object()
 
 
 @dataclass
+class _Outcome:
+    """What the choices of one request share: whether one of them failed."""
+
+    failed: bool = False
+
+
+@dataclass
 class Generation:
     """The choices of one request (`n` per prompt, numbered prompt by prompt)."""
 
@@ -163,7 +170,8 @@ class GenerationRunner:
         """(choice index, record or APIError) from every choice, as they arrive."""
         queue: asyncio.Queue = asyncio.Queue()
         start = time.monotonic()
-        first_token = True
+        first_at: float | None = None  # the earliest first token off the wire, any choice
+        outcome = _Outcome()
         attributes = {
             "tandem.request_id": request_log.current(),
             "tandem.response_id": gen.response_id,
@@ -172,7 +180,7 @@ class GenerationRunner:
         root = self.tracing.start("tandem.router.request", None, **attributes)
         parent = tracing.carrier(root)
         tasks = [
-            asyncio.create_task(self._run_choice(i, job, buffered, queue, parent))
+            asyncio.create_task(self._run_choice(i, job, buffered, queue, parent, outcome))
             for i, job in enumerate(gen.jobs)
         ]
         try:
@@ -182,12 +190,16 @@ class GenerationRunner:
                 if item is _END:
                     remaining -= 1
                     continue
-                if first_token and isinstance(item, dict) and item["token_ids"]:
-                    first_token = False
-                    # a buffered (non-streamed) record is seen at the end: its wire time counts
+                if isinstance(item, dict) and item["token_ids"]:
+                    # buffered (non-streamed) choices arrive whole, the first to finish
+                    # first: their records' wire times say when the first token came
                     seen = item.get("received_at") or time.monotonic()
-                    self.metrics.child(self.metrics.ttft).observe(seen - start)
+                    if first_at is None and not buffered:
+                        self.metrics.child(self.metrics.ttft).observe(seen - start)
+                    first_at = seen if first_at is None else min(first_at, seen)
                 yield index, item
+            if buffered and first_at is not None:
+                self.metrics.child(self.metrics.ttft).observe(first_at - start)
             self._observe_done(gen, start)
         finally:
             for task in tasks:
@@ -195,10 +207,17 @@ class GenerationRunner:
             tracing.end(root)
 
     async def _run_choice(
-        self, index: int, job: Job, buffered: bool, queue: asyncio.Queue, parent: tracing.Carrier
+        self,
+        index: int,
+        job: Job,
+        buffered: bool,
+        queue: asyncio.Queue,
+        parent: tracing.Carrier,
+        outcome: _Outcome,
     ) -> None:
         """Put the choice's records (or its APIError), then _END, on `queue`; observe how
-        it went in the metrics, the log and its span (a child of `parent`)."""
+        it went in the metrics, the log and its span (a child of `parent`). A choice cut
+        short because a sibling failed ends as an error, not as the client's abort."""
         clock, failed = ChoiceClock(time.monotonic()), False
         attributes = {
             "tandem.request_id": request_log.current(),
@@ -210,9 +229,10 @@ class GenerationRunner:
                     clock.on_record(record)
                     await queue.put((index, record))
             except APIError as exc:
-                failed = True
+                failed = outcome.failed = True
                 await queue.put((index, exc))
             finally:
+                failed = failed or (outcome.failed and clock.finish_reason is None)
                 self.metrics.phases.observe(clock, failed)
                 reason = "error" if failed else clock.finish_reason or "abort"
                 logger.info("request %s: %s", job.request_id, reason)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -37,7 +38,12 @@ class ScriptedDispatcher:
         for item in self.scripts[int(job.request_id.rsplit("-", 1)[1])]:
             if isinstance(item, Exception):
                 raise item
+            if item is HANG:
+                await asyncio.Event().wait()  # until cancelled
             yield item
+
+
+HANG = object()  # a script item: the choice waits until it is cancelled
 
 
 class Connected:
@@ -100,3 +106,31 @@ def test_an_error_status_is_counted(stream, error, reason):
 def test_success_counts_no_failure():
     metrics, answer = run([[record(1), record(2, "length")]], stream=False)
     assert answer.status_code == 200 and failures(metrics) == 0
+
+
+def finished(metrics: RouterMetrics, reason: str) -> float:
+    text = generate_latest(metrics.registry).decode()
+    return metric_value(text, "tandem_request_success_total", finish_reason=reason)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_choice_cut_short_by_a_failing_sibling_ends_as_an_error_not_an_abort(stream):
+    gone = UpstreamFailed("request failed on 3 worker(s)")
+    metrics, _ = run([[record(1), HANG], [gone]], stream=stream)
+    assert finished(metrics, "error") == 2
+    assert finished(metrics, "abort") == 0
+
+
+def test_a_non_streamed_request_times_the_earliest_first_token_of_its_choices():
+    """Held choices reach the router whole, in the order they finished: the first one seen
+    need not hold the first token. Wire times (received_at) say which came first."""
+    base = time.monotonic()
+
+    def choice(at: float) -> list[dict]:  # the dispatcher stamps every record
+        return [record(1) | {"received_at": at}, record(2, "length") | {"received_at": at + 1}]
+
+    late, early = choice(base + 100), choice(base + 50)
+    metrics, _ = run([late, early], stream=False)
+    text = generate_latest(metrics.registry).decode()
+    assert metric_value(text, "tandem_time_to_first_token_seconds_count") == 1
+    assert 25 < metric_value(text, "tandem_time_to_first_token_seconds_sum") < 75  # not 100
