@@ -37,6 +37,7 @@ def main() -> None:
     p.add_argument("--num-requests", type=int, default=4000)
     p.add_argument("--load-per-worker", type=float, default=0.25, help="trace load factor / N")
     p.add_argument("--max-model-len", type=int, default=131072)
+    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated")
     args = p.parse_args()
     shape, profile = load_shape(args.model), load_profile(args.device)
     trace = read_trace(args.trace, shape.vocab_size, args.num_requests)
@@ -48,7 +49,7 @@ def main() -> None:
     for n in (int(w) for w in args.workers.split(",")):
         factor = args.load_per_worker * n
         requests = scale_load(trace, factor)
-        for policy in POLICIES:
+        for policy in args.policies.split(","):
             config = ClusterConfig(
                 num_prefill=0, num_decode=n, policy=policy, max_model_len=args.max_model_len
             )

@@ -11,8 +11,8 @@ best first, are the decode node's alternates when the chosen one fails.
 - `prefix-aware`: the longest cached prefix, then least load.
 - `kv-aware` (default): the lowest cost, counted in blocks of prefill work: the blocks a
   prefill worker must still compute after its cached prefix, plus one such request per
-  request already pending there; for decode, the blocks to receive plus its pending
-  requests, and a large penalty when its free blocks cannot hold the prompt.
+  request already pending there; for decode, the blocks to receive plus the blocks its
+  requests hold, and a large penalty when its free blocks cannot hold the prompt.
 """
 
 from __future__ import annotations
@@ -105,11 +105,21 @@ def prefill_cost(worker: WorkerView, req: RouteRequest) -> int:
 
 
 def decode_cost(worker: WorkerView, req: RouteRequest) -> int:
-    """Blocks to receive, plus pending requests; a full worker only as a last resort."""
+    """Blocks to receive plus the blocks its requests hold (both in blocks, as Dynamo's KV
+    router weighs new prefill blocks against active decode blocks); a full worker only as
+    a last resort. Counting its load in requests let a long cached prefix outweigh
+    hundreds of queued requests (the simulator's 64-worker runs, docs/performance.md)."""
     needed = req.num_tokens // req.block_size + 1  # the prompt plus the first decode step
     full = worker.total_blocks > 0 and worker.free_blocks < needed
     penalty = _FULL_PENALTY if full else 0
-    return (req.num_blocks - worker.overlap_blocks) + worker.pending + penalty
+    return (req.num_blocks - worker.overlap_blocks) + active_blocks(worker, req) + penalty
+
+
+def active_blocks(worker: WorkerView, req: RouteRequest) -> int:
+    """The blocks its requests hold: the node's count (blocks not free), or, while that
+    lags by an event batch, the router's requests there at this prompt's size."""
+    held = max(worker.total_blocks - worker.free_blocks, 0)
+    return max(held, worker.inflight * max(req.num_blocks, 1))
 
 
 POLICIES: dict[str, Policy] = {

@@ -70,6 +70,22 @@ def test_kv_aware_trades_cached_prefix_against_queue():
     assert kv_aware(Snapshot(prefill, D), REQ).prefill.url == "p0"
 
 
+def test_kv_aware_weighs_a_cached_prefix_against_the_blocks_a_decode_worker_holds():
+    # d0 has the whole prompt cached (0 to receive) but its requests hold 20 blocks: 20;
+    # d1 holds nothing and must receive all 8: d1 wins, whatever d0's request count
+    decode = (
+        replace(view("d0", "decode", overlap_blocks=8, running=2), free_blocks=80),
+        view("d1", "decode"),
+    )
+    assert kv_aware(Snapshot(P, decode), REQ).decode.url == "d1"
+    # holding 5 blocks, d0 (cost 5) beats d1 (cost 8)
+    decode = (replace(decode[0], free_blocks=95), decode[1])
+    assert kv_aware(Snapshot(P, decode), REQ).decode.url == "d0"
+    # the node's count lags: the router's 2 requests there count at this prompt's size (16)
+    decode = (replace(decode[0], inflight=2), decode[1])
+    assert kv_aware(Snapshot(P, decode), REQ).decode.url == "d1"
+
+
 def test_kv_aware_avoids_a_decode_worker_without_room():
     decode = (
         replace(view("d0", "decode"), free_blocks=3),  # the prompt needs 130 // 16 + 1 = 9
