@@ -169,6 +169,8 @@ def test_deleting_the_resource_collects_every_child(setup, llmd):
         ({"decode": {"replicaz": 2}}, 400, 'unknown field "spec.decode.replicaz"'),  # strict
         ({"model": {"source": {"pvc": {"claimName": "m"}, "hostPath": {"path": "/m"}}}},
          422, "exactly one"),  # a CEL rule
+        ({"decode": {"tensorParallelSize": 2}}, 422,
+         "tensorParallelSize above 1 is served only with prefill.replicas 0"),  # defaults + CEL
     ],
 )  # fmt: skip
 def test_the_api_server_refuses_a_bad_spec_naming_the_field(setup, llmd, spec, status, says):
@@ -232,7 +234,7 @@ def _merged(base: dict, extra: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("name", ["minimal", "full"])
+@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel"])
 def test_each_example_and_every_child_it_renders_pass_a_server_dry_run(setup, name):
     """Server-side apply with dryRun=All: the real schemas, defaults and admission, with no
     409 for names that already exist and nothing left behind."""
