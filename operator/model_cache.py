@@ -16,7 +16,7 @@ from typing import Any
 from tandem.operator.download import download_container
 from tandem.operator.engine_config import model_dir
 from tandem.operator.hardening import pod_security_context
-from tandem.operator.names import child_name, labels, short_hash
+from tandem.operator.names import child_name, child_object, labels, short_hash
 from tandem.operator.spec import LLMDeploymentSpec
 
 COMPONENT = "model-cache"
@@ -81,12 +81,7 @@ def _job_spec(spec: LLMDeploymentSpec) -> dict[str, Any]:
 def _object(
     api_version: str, kind: str, name: str, spec: LLMDeploymentSpec, body: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "metadata": {"name": name, "labels": labels(spec.name, COMPONENT)},
-        "spec": body,
-    }
+    return child_object(api_version, kind, name, spec.name, COMPONENT, body)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,19 @@ def labels(deployment: str, component: str) -> dict[str, str]:
     }
 
 
+def child_object(
+    api_version: str, kind: str, name: str, deployment: str, component: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """A child object of `deployment`: its name, the labels of `component`, and `body` as
+    its spec."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": name, "labels": labels(deployment, component)},
+        "spec": body,
+    }
+
+
 def short_hash(value: Any) -> str:
     """A stable 10-hex-digit digest of a JSON-serialisable value."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"))

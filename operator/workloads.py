@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.operator.names import EVENTS_PORT, HTTP_PORT, ZMQ_PORT, child_name, labels, selector
+from tandem.operator.names import (
+    EVENTS_PORT,
+    HTTP_PORT,
+    ZMQ_PORT,
+    child_name,
+    child_object,
+    selector,
+)
 from tandem.operator.pods import pod_template
 from tandem.operator.scaling import Scaling
 from tandem.operator.spec import LLMDeploymentSpec
@@ -99,9 +106,4 @@ def _node_ports(role: str) -> list[dict[str, Any]]:
 def _object(
     api_version: str, kind: str, spec: LLMDeploymentSpec, role: str, body: dict[str, Any]
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "metadata": {"name": child_name(spec.name, role), "labels": labels(spec.name, role)},
-        "spec": body,
-    }
+    return child_object(api_version, kind, child_name(spec.name, role), spec.name, role, body)

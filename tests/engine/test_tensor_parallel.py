@@ -89,20 +89,29 @@ def _match_one(one: LLM, two: LLM, arch: str) -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=atol)
 
     batch = prompts(one.engine.config.model.vocab_size, PROMPT_LENS)
-    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, min_tokens=NUM_TOKENS, logprobs=2)
-    outs = [
-        llm.generate(prompt_token_ids=batch, sampling_params=params, use_tqdm=False)
-        for llm in (one, two)
-    ]
+    outs = _greedy_outputs((one, two), batch, NUM_TOKENS)
     for llm in (one, two):
         assert llm.engine.scheduler.num_preemptions > 0  # the pool was too small for all
         assert llm.engine.check_integrity().in_use == 0
+    _assert_agree(batch, outs, arch)
+
+
+def _greedy_outputs(llms: tuple[LLM, LLM], batch: list[list[int]], num_tokens: int) -> list:
+    """Each engine's greedy outputs of `num_tokens` for `batch`, with top-2 log-probs."""
+    params = SamplingParams(temperature=0, max_tokens=num_tokens, min_tokens=num_tokens, logprobs=2)
+    return [
+        llm.generate(prompt_token_ids=batch, sampling_params=params, use_tqdm=False) for llm in llms
+    ]
+
+
+def _assert_agree(batch: list[list[int]], outs: list, label: str) -> None:
+    """Two ranks' tokens (outs[1]) against one rank's (outs[0]), near ties excepted."""
     for prompt, ref, ours in zip(batch, *outs):
         assert_greedy_agrees(
             ours.outputs[0].token_ids,
             ref.outputs[0].token_ids,
             logprob_gap(ref.outputs[0]),
-            f"{arch}, prompt of {len(prompt)} tokens",
+            f"{label}, prompt of {len(prompt)} tokens",
         )
 
 
@@ -198,24 +207,9 @@ def test_two_ranks_through_the_triton_kernels(llama_dir):
     kwargs = {"kernels": "triton", "block_size": 4, "num_kv_blocks": 24, "max_num_seqs": 4}
     one = LLM(str(llama_dir), **kwargs)
     with LLM(str(llama_dir), tensor_parallel_size=2, **kwargs) as two:
-        _triton_matches_one(one, two)
-
-
-def _triton_matches_one(one: LLM, two: LLM) -> None:
-    assert two.engine.runner.graphs is not None
-    batch = prompts(one.engine.config.model.vocab_size, [3, 17, 40])
-    params = SamplingParams(temperature=0, max_tokens=6, min_tokens=6, logprobs=2)
-    outs = [
-        llm.generate(prompt_token_ids=batch, sampling_params=params, use_tqdm=False)
-        for llm in (one, two)
-    ]
-    for prompt, ref, ours in zip(batch, *outs):
-        assert_greedy_agrees(
-            ours.outputs[0].token_ids,
-            ref.outputs[0].token_ids,
-            logprob_gap(ref.outputs[0]),
-            f"triton, prompt of {len(prompt)} tokens",
-        )
+        assert two.engine.runner.graphs is not None
+        batch = prompts(one.engine.config.model.vocab_size, [3, 17, 40])
+        _assert_agree(batch, _greedy_outputs((one, two), batch, 6), "triton")
 
 
 def test_a_step_failing_on_rank_0_stops_the_ranks_and_later_steps_are_refused(llama_dir):
