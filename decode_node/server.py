@@ -26,7 +26,6 @@ from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
 from tandem.engine import request_log, tracing
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import (
-    PD_NEEDS_ONE_RANK,
     NodeCore,
     NodeIdentity,
     configure_process,
@@ -39,8 +38,6 @@ logger = logging.getLogger(__name__)
 
 _REMOTE_POLL_MS = 1  # NIXL notifications have no file descriptor: poll while waiting
 _IDLE_POLL_MS = 100
-# A remote-prefill threshold no prompt reaches: every prompt is prefilled locally.
-LOCAL_PREFILL_ONLY = 1 << 62
 
 
 class GenerateBody(BaseModel):
@@ -90,6 +87,7 @@ class DecodeLoop:
         for endpoint in self.client.lost():
             worker.on_disconnect(endpoint)
         worker.step()
+        self.core.agent.expect_writes(worker.waiting_remote)
         self.core.metrics.observe(self.core.scheduler)
         events = self.core.kv.pool.events
         self.publisher.publish(events, self.core.load())
@@ -158,19 +156,13 @@ async def _records(
 
 
 def run(args: argparse.Namespace) -> None:
-    """Serve as a decode node. With a tensor-parallel size above 1 every prompt is prefilled
-    here (`PD_NEEDS_ONE_RANK`): the prefill worker the router names is not asked, and each
-    such request counts as a local decision (`tandem_disagg_decisions_total`)."""
+    """Serve as a decode node."""
     configure_process(args)
     identity = NodeIdentity.of(args, "decode")
     registry = CollectorRegistry()
     traces = tracing.Tracing("tandem-decode", args.otlp_traces_endpoint)
-    threshold = args.remote_prefill_threshold
-    if args.tensor_parallel_size > 1:
-        logger.warning("decode node: every prompt is prefilled here: %s", PD_NEEDS_ONE_RANK)
-        threshold = LOCAL_PREFILL_ONLY
     options = DecodeOptions(
-        threshold,
+        args.remote_prefill_threshold,
         args.on_prefill_failure,
         args.prefill_timeout,
         args.hold_timeout,
@@ -182,7 +174,7 @@ def run(args: argparse.Namespace) -> None:
             config,
             identity,
             registry,
-            threshold,
+            args.remote_prefill_threshold,
             record_events=config.cache.enable_prefix_caching,
         )
         decode_loop = DecodeLoop(core, loop, options, args.host, args.zmq_port, traces)

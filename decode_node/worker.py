@@ -122,6 +122,7 @@ class DecodeWorker:
         self.unconfirmed: dict[str, RemoteHold] = {}  # same keys: the aborts to resend
         self._next_resend = 0.0
         self._agent_info = core.agent.info()
+        self._rank_agents = core.agent.rank_infos()
         # hold key -> the request's log id, for lines about a hold that outlives its stream
         self.hold_log_ids: dict[str, str] = {}
 
@@ -282,6 +283,7 @@ class DecodeWorker:
             skip_blocks=request.num_remote_skip_blocks,
             dst_block_ids=self.core.scheduler.remote_destination(request),
             agent=self._agent_info,
+            rank_agents=self._rank_agents,
             deadline_s=self.options.prefill_timeout_s,
             sent_at=time.time(),
             cache_salt=request.cache_salt,
@@ -328,6 +330,9 @@ class DecodeWorker:
             "prefill_s": done.prefill_s,  # received -> first token, on the worker's clock
             "transfer_s": done.transfer_s,  # first write posted -> last write done
         }
+        if done.src_heads:  # pieces from several prefill ranks, on some rank of ours
+            destination = self.core.scheduler.remote_destination(request)
+            self.core.agent.repack(destination, [tuple(h) for h in done.src_heads])
         skip_draw(request, self.core.config.model.vocab_size, self.core.config.device)
         self.core.scheduler.complete_remote_prefill(
             request.request_id, done.token_id, from_wire(done.logprobs)

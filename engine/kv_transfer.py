@@ -33,17 +33,23 @@ MAX_REMOTE_AGENTS = 256
 
 
 class KVLayout(msgspec.Struct, frozen=True):
-    """Where a node's block-major KV tensor lives: block `i` is the `block_bytes` bytes at
-    `base_addr + i * block_bytes`."""
+    """Where one rank's block-major KV tensor lives: block `i` is the `block_bytes` bytes at
+    `base_addr + i * block_bytes`, over KV heads `kv_head_start` ..
+    `kv_head_start + num_kv_heads` of the model's `total_kv_heads`."""
 
     base_addr: int
     block_bytes: int
     num_blocks: int
     device_id: int
     mem_type: str  # "DRAM" or "VRAM"
+    kv_head_start: int = 0
+    num_kv_heads: int = 1
+    total_kv_heads: int = 1
 
 
 class AgentInfo(msgspec.Struct, frozen=True):
+    """One rank's NIXL agent: its name, its metadata for `add_remote_agent`, its cache."""
+
     name: str
     metadata: bytes
     layout: KVLayout
@@ -69,12 +75,13 @@ class PrefillRequest(msgspec.Struct, frozen=True, tag="prefill"):
     sampling: dict[str, object]
     skip_blocks: int
     dst_block_ids: list[int]
-    agent: AgentInfo
+    agent: AgentInfo  # rank 0's: it receives `PrefillDone`
     deadline_s: float
     sent_at: float  # wall clock: a message older than its deadline is refused
     cache_salt: str | None = None
     log_id: str | None = None  # the client's request id, for log lines (engine.request_log)
     trace: dict[str, str] | None = None  # W3C trace context of the decode node's span
+    rank_agents: list[AgentInfo] = []  # ranks 1..N-1 of a tensor-parallel decode node
 
 
 class AbortPrefill(msgspec.Struct, frozen=True, tag="abort"):
@@ -93,6 +100,9 @@ class PrefillDone(msgspec.Struct, frozen=True, tag="done"):
     num_bytes: int
     transfer_s: float
     prefill_s: float
+    # each prefill rank's (first KV head, count): the decode node re-packs blocks whose
+    # heads came from several ranks (engine.kv_heads)
+    src_heads: list[tuple[int, int]] = []
 
 
 class PrefillFailed(msgspec.Struct, frozen=True, tag="failed"):
@@ -196,9 +206,17 @@ def new_agent_name(prefix: str) -> str:
 class KVTransferAgent:
     """A NIXL agent (UCX backend) with the node's KV tensor registered in one region."""
 
-    def __init__(self, name: str, kv_cache: torch.Tensor) -> None:
-        """`kv_cache`: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim],
-        contiguous, on the CPU (DRAM) or a GPU (VRAM)."""
+    def __init__(
+        self,
+        name: str,
+        kv_cache: torch.Tensor,
+        kv_head_start: int = 0,
+        total_kv_heads: int | None = None,
+    ) -> None:
+        """`kv_cache`: [num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim] (or
+        any [num_blocks, ...] of opaque blocks, as one head), contiguous, on the CPU (DRAM)
+        or a GPU (VRAM): this rank's KV heads
+        `kv_head_start ..` of the model's `total_kv_heads` (default: all of them)."""
         from nixl._api import nixl_agent, nixl_agent_config
 
         if not kv_cache.is_contiguous():
@@ -206,14 +224,18 @@ class KVTransferAgent:
         self.name = name
         # No progress thread: it spins a core; our loops poll transfers and notifications.
         self._agent = nixl_agent(name, nixl_agent_config(False, backends=["UCX"]))
-        self._registration = self._agent.register_memory(kv_cache)
+        self._registrations = [self._agent.register_memory(kv_cache)]
         num_blocks = kv_cache.shape[0]
+        heads = kv_cache.shape[4] if kv_cache.dim() == 6 else 1  # else: opaque blocks
         self.layout = KVLayout(
             base_addr=kv_cache.data_ptr(),
             block_bytes=kv_cache[0].numel() * kv_cache.element_size(),
             num_blocks=num_blocks,
             device_id=max(kv_cache.get_device(), 0),
             mem_type="VRAM" if kv_cache.is_cuda else "DRAM",
+            kv_head_start=kv_head_start,
+            num_kv_heads=heads,
+            total_kv_heads=total_kv_heads or heads,
         )
         self._remotes: OrderedDict[str, KVLayout] = OrderedDict()
 
@@ -241,20 +263,36 @@ class KVTransferAgent:
     def remote_layout(self, name: str) -> KVLayout:
         return self._remotes[name]
 
+    def register(self, tensor: torch.Tensor) -> None:
+        """Register another region of ours (a staging buffer) as a write source."""
+        self._registrations.append(self._agent.register_memory(tensor))
+
     def write_blocks(self, remote: str, src_ids: list[int], dst_ids: list[int]) -> Transfer:
         """Post one WRITE of our blocks `src_ids` into the remote's `dst_ids`."""
         runs = block_runs(src_ids, dst_ids)
         layout = self._remotes[remote]
-        local = self._agent.get_xfer_descs(run_descs(self.layout, runs, 0), self.layout.mem_type)
-        far = self._agent.get_xfer_descs(run_descs(layout, runs, 1), layout.mem_type)
-        handle = self._agent.initialize_xfer("WRITE", local, far, remote)
-        transfer = Transfer(
-            handle,
+        return self.write_descs(
+            remote,
+            run_descs(self.layout, runs, 0),
+            run_descs(layout, runs, 1),
             len(src_ids),
-            len(src_ids) * self.layout.block_bytes,
-            len(runs),
-            time.monotonic(),
         )
+
+    def write_descs(
+        self,
+        remote: str,
+        local: list[tuple[int, int, int]],
+        far: list[tuple[int, int, int]],
+        num_blocks: int,
+    ) -> Transfer:
+        """Post one WRITE of our regions `local` into the remote's `far` (pairwise equal
+        lengths); `num_blocks` is what it moves, for the metrics."""
+        layout = self._remotes[remote]
+        local_descs = self._agent.get_xfer_descs(local, self.layout.mem_type)
+        far_descs = self._agent.get_xfer_descs(far, layout.mem_type)
+        handle = self._agent.initialize_xfer("WRITE", local_descs, far_descs, remote)
+        num_bytes = sum(desc[1] for desc in local)
+        transfer = Transfer(handle, num_blocks, num_bytes, len(local), time.monotonic())
         transfer.state = self._agent.transfer(handle)
         self._settle(transfer)
         return transfer
@@ -269,6 +307,11 @@ class KVTransferAgent:
     def _settle(self, transfer: Transfer) -> None:
         if transfer.state != "PROC":
             self._agent.release_xfer_handle(transfer.handle)
+
+    def progress(self) -> None:
+        """Let the agent's worker make progress (a rank written into that has nothing else
+        to poll); notifications arriving here are dropped (only rank 0 receives them)."""
+        self._agent.get_new_notifs()
 
     def notify(self, remote: str, message: bytes) -> None:
         self._agent.send_notif(remote, message)

@@ -16,13 +16,14 @@ from prometheus_client import CollectorRegistry
 from tandem.engine.config import EngineConfig
 from tandem.engine.kv_cache_manager import KVCacheManager
 from tandem.engine.kv_events import Load, load_of
-from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
 from tandem.engine.llm_engine import EngineArgs, grammar_compiler
 from tandem.engine.metrics import NodeMetrics
 from tandem.engine.model_runner import ModelRunner
+from tandem.engine.node_agent import NodeAgent
 from tandem.engine.request_log import configure_logging
 from tandem.engine.scheduler import Scheduler
 from tandem.engine.tokenizer import load_tokenizer
+from tandem.engine.tp_group import exit_process
 from tandem.engine.tracing import add_tracing_argument
 
 
@@ -100,15 +101,6 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
     )
 
 
-# KV blocks travel over NIXL from and into rank 0's cache only; with more ranks every rank
-# would have to ship its own heads (issue 21's P/D part, not built yet).
-PD_NEEDS_ONE_RANK = (
-    "KV transfer between prefill and decode nodes is per node, from rank 0's cache; with "
-    "--tensor-parallel-size above 1 each rank must ship its own KV heads, which is not built "
-    "yet (docs/disaggregation.md)"
-)
-
-
 @dataclass(frozen=True)
 class NodeIdentity:
     """Labels and names: `model` and `role` label metrics; `pod` is the host (the pod name
@@ -148,8 +140,10 @@ class NodeCore:
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, remote_prefill_threshold)
         self.runner = ModelRunner(config, self.kv.block_ids)
+        if self.runner.workers is not None:
+            self.runner.workers.watch(exit_process)  # a rank gone: the node is gone
         prefix = f"{identity.role}-{identity.pod}".replace(":", "-")
-        self.agent = KVTransferAgent(new_agent_name(prefix), self.runner.kv_cache)
+        self.agent = NodeAgent.create(prefix, self.runner)
         self.tokenizer = load_tokenizer(config.model_dir)
         # Structured outputs arrive as plain data; each node compiles (and caches) its own.
         self.grammars = grammar_compiler(config, self.tokenizer)
@@ -171,6 +165,8 @@ class NodeCore:
             "held": self.kv.num_held_blocks,
             "holds": self.kv.hold_keys(),
             "requests": self.scheduler.num_unfinished,
+            "rank_writes_in_flight": self.agent.census(),
+            "rank_pids": self.runner.workers.pids if self.runner.workers else [],
         }
 
     def blocks_by_hash(self, hashes: list[int]) -> dict[int, bytes]:

@@ -10,7 +10,11 @@ torch.distributed group the ranks join once loaded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
+import os
+import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
@@ -22,8 +26,17 @@ from tandem.engine.config import EngineConfig
 from tandem.engine.parallel import TensorParallel
 from tandem.engine.step_batch import StepBatch
 
+logger = logging.getLogger(__name__)
+
 # How long a stopped rank may take to exit before it is killed.
 _STOP_GRACE_S = 30.0
+
+
+def exit_process(message: str) -> None:
+    """What a node does when one of its ranks dies: the node is dead (as vLLM's engine is);
+    its peers see its sockets close and fail over, and Kubernetes restarts the pod."""
+    logger.critical("%s; exiting", message)
+    os._exit(1)
 
 
 class RankStartupError(RuntimeError):
@@ -48,6 +61,9 @@ class WorkerRanks:
         self.peak_rss_bytes: list[int] = []
         self.load_rss_bytes: list[int] = []
         self._store: dist.TCPStore | None = None  # rank 0 hosts it while the group lives
+        self._reports: list[tuple[int, int, str]] = []  # (rank, write id, state) unread
+        self._closing = threading.Event()
+        self._stop_watch_r, self._stop_watch_w = mp.Pipe(duplex=False)
         try:
             self._spawn(config, num_threads)
         except BaseException:
@@ -122,6 +138,58 @@ class WorkerRanks:
             self.pids,
         )
 
+    def watch(self, on_death: Callable[[str], None]) -> None:
+        """From now on, call `on_death(why)` from a watcher thread the moment a rank exits
+        unless `close` stopped it: a rank dying mid-step would otherwise leave rank 0 in a
+        collective until its timeout."""
+
+        def run() -> None:
+            sentinels = {p.sentinel: (rank, p) for rank, p in enumerate(self.processes, 1)}
+            ready = wait([*sentinels, self._stop_watch_r])
+            if self._closing.is_set() or self._stop_watch_r in ready:
+                return
+            rank, process = sentinels[next(s for s in ready if s in sentinels)]
+            process.join()
+            on_death(
+                f"tensor-parallel rank {rank} (pid {process.pid}) exited with code "
+                f"{process.exitcode}"
+            )
+
+        threading.Thread(target=run, name="tp-rank-watch", daemon=True).start()
+
+    def send(self, rank: int, message: object) -> None:
+        """A command for rank `rank` (>= 1), run after every step sent before it."""
+        self.conns[rank - 1].send(message)
+
+    def call(self, rank: int, message: object) -> tuple:
+        """Send a command to rank `rank` and wait for its answer (write reports that arrive
+        first are kept for `reports`). Raises RuntimeError when the rank is gone."""
+        self.send(rank, message)
+        while True:
+            reply = self._receive(rank)
+            if reply[0] != "xfer":
+                return reply
+            self._reports.append((rank, reply[1], reply[2]))
+
+    def _receive(self, rank: int) -> tuple:
+        conn, process = self.conns[rank - 1], self.processes[rank - 1]
+        ready = wait([conn, process.sentinel])
+        if conn in ready:
+            with contextlib.suppress(EOFError):
+                return conn.recv()
+        raise RuntimeError(f"tensor-parallel rank {rank} (pid {process.pid}) is gone")
+
+    def reports(self) -> list[tuple[int, int, str]]:
+        """(rank, write id, DONE or ERR) for every write a rank finished since the last
+        call."""
+        for rank, conn in enumerate(self.conns, 1):
+            while conn.poll():
+                reply = conn.recv()
+                if reply[0] == "xfer":
+                    self._reports.append((rank, reply[1], reply[2]))
+        reports, self._reports = self._reports, []
+        return reports
+
     def broadcast(self, batch: StepBatch) -> None:
         """Send one step to every rank (they run it as rank 0 does)."""
         for conn in self.conns:
@@ -129,6 +197,7 @@ class WorkerRanks:
 
     def close(self) -> None:
         """Stop every rank (None, then a kill after a grace period) and join it. Idempotent."""
+        self._stop_watching()
         for conn in self.conns:
             with contextlib.suppress(OSError):
                 conn.send(None)
@@ -143,6 +212,7 @@ class WorkerRanks:
 
     def kill(self) -> None:
         """Stop every rank now (start-up failed) and join it."""
+        self._stop_watching()
         for process in self.processes:
             if process.exitcode is None:
                 process.kill()
@@ -151,3 +221,8 @@ class WorkerRanks:
         for conn in self.conns + self._lifelines:
             conn.close()
         self.conns, self._lifelines = [], []
+
+    def _stop_watching(self) -> None:
+        self._closing.set()
+        with contextlib.suppress(OSError):
+            self._stop_watch_w.send(None)

@@ -7,13 +7,18 @@ collective that would otherwise never return.
 
 Pipe protocol, rank 0 -> rank: ("connect", port), then one StepBatch per step, then None.
 Rank -> rank 0: ("loaded", peak RSS bytes, RSS added by loading) or ("failed",
-traceback), then ("ready",).
+traceback), then ("ready",). Between steps, the KV transfer's commands (`RankCommands`):
+("agent", name) -> ("agent", AgentInfo); ("write", id, parts, src ids, dst ids), answered
+later by ("xfer", id, DONE or ERR); ("expect", bool): writes may land in this rank, keep
+its agent progressing; ("repack", block ids, cuts); ("census",) -> ("census", writes in
+flight).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import resource
 import signal
@@ -27,11 +32,19 @@ import torch
 import torch.distributed as dist
 
 from tandem.engine.config import EngineConfig
+from tandem.engine.kv_transfer import KVTransferAgent
 from tandem.engine.model_shard import ModelShard
 from tandem.engine.parallel import TensorParallel
+from tandem.engine.rank_kv import RankKV
+from tandem.engine.step_batch import StepBatch
+
+logger = logging.getLogger(__name__)
 
 # How long joining the group may wait for the other ranks (they are loaded by then).
 CONNECT_TIMEOUT = timedelta(minutes=5)
+
+# How often a rank with KV writes in flight checks on them while no command arrives.
+_WRITE_POLL_S = 0.0005
 
 
 def peak_rss_bytes() -> int:
@@ -81,6 +94,55 @@ def _reported(conn: Connection) -> Iterator[None]:
         raise SystemExit(1) from None
 
 
+class RankCommands:
+    """A rank's side of the KV transfer (see the module's pipe protocol)."""
+
+    def __init__(self, shard: ModelShard, conn: Connection) -> None:
+        self.shard = shard
+        self.conn = conn
+        self.kv: RankKV | None = None
+        self.expecting = False  # rank 0 waits for KV that lands in us too
+
+    @property
+    def polling(self) -> bool:
+        """Our agent must make progress: our writes are in flight, or writes into our
+        cache may be (UCX needs the target's worker to progress on some transports)."""
+        return self.kv is not None and (self.expecting or self.kv.num_in_flight > 0)
+
+    def run(self, message: tuple) -> None:
+        kind, *args = message
+        if kind == "agent":
+            shape, model = self.shard.tp.shape, self.shard.config.model
+            agent = KVTransferAgent(
+                args[0], self.shard.kv_cache, shape.kv_head_start, model.num_kv_heads
+            )
+            self.kv = RankKV(agent, self.shard.kv_cache)
+            self.conn.send(("agent", agent.info()))
+        elif kind == "write":
+            write_id = args[0]
+            try:
+                state = self.kv.write(*args)
+            except Exception:  # NIXL refused: rank 0 ends the job, as for its own writes
+                logger.warning("rank %d: write %d refused", self.shard.tp.rank, write_id,
+                               exc_info=True)  # fmt: skip
+                state = "ERR"
+            if state != "PROC":
+                self.conn.send(("xfer", write_id, state))
+        elif kind == "expect":
+            self.expecting = args[0]
+        elif kind == "repack":
+            self.kv.repack(*args)
+        elif kind == "census":
+            self.conn.send(("census", self.kv.num_in_flight if self.kv else 0))
+        else:
+            raise ValueError(f"unknown command {kind!r}")
+
+    def report(self) -> None:
+        if self.kv is not None:
+            for write_id, state in self.kv.poll():
+                self.conn.send(("xfer", write_id, state))
+
+
 def run_worker(
     config: EngineConfig, rank: int, conn: Connection, lifeline: Connection, num_threads: int
 ) -> None:
@@ -103,9 +165,21 @@ def run_worker(
         connect_rank(tp, port, config.device)
         shard.capture_graphs()
     conn.send(("ready",))
+    commands = RankCommands(shard, conn)
     with contextlib.suppress(EOFError):
-        while (batch := conn.recv()) is not None:
-            shard.forward(batch)
+        while True:
+            if commands.polling and not conn.poll(_WRITE_POLL_S):
+                commands.report()
+                commands.kv.agent.progress()
+                continue
+            message = conn.recv()
+            if message is None:
+                break
+            if isinstance(message, StepBatch):
+                shard.forward(message)
+            else:
+                commands.run(message)
+            commands.report()
     # Straight out: tearing the group down at interpreter exit may abort in gloo's threads.
     conn.close()
     os._exit(0)

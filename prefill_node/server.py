@@ -13,7 +13,6 @@ from prometheus_client import CollectorRegistry
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.kv_transfer import AbortPrefill, decode_to_prefill, encode
 from tandem.engine.node_core import (
-    PD_NEEDS_ONE_RANK,
     NodeCore,
     NodeIdentity,
     configure_process,
@@ -104,10 +103,7 @@ class PrefillLoop:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Serve as a prefill node. SystemExit for a tensor-parallel size above 1 (a prefill
-    node ships KV, see `PD_NEEDS_ONE_RANK`)."""
-    if args.tensor_parallel_size > 1:
-        raise SystemExit(f"tandem prefill: {PD_NEEDS_ONE_RANK}")
+    """Serve as a prefill node."""
     configure_process(args)
     identity = NodeIdentity.of(args, "prefill")
     registry = CollectorRegistry()

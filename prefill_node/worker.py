@@ -119,13 +119,9 @@ class PrefillWorker:
             raise ValueError("expired before it arrived")
         core = self.core
         params = SamplingParams(**{**msg.sampling, "n": 1, "max_tokens": 1, "stop": None})
-        core.agent.connect(msg.agent)
+        core.agent.connect(msg.agent, msg.rank_agents)
+        core.agent.check_peer(msg.agent.name)
         remote = core.agent.remote_layout(msg.agent.name)
-        if remote.block_bytes != core.agent.layout.block_bytes:
-            raise ValueError(
-                f"KV block size mismatch: {remote.block_bytes} bytes there, "
-                f"{core.agent.layout.block_bytes} here (another model or block size?)"
-            )
         num_tokens = len(msg.token_ids)
         max_len = core.config.scheduler.max_model_len
         vocab = core.config.model.vocab_size
@@ -318,7 +314,8 @@ class PrefillWorker:
             token_id=request.output_token_ids[0],
             logprobs=to_wire(lp),
             num_blocks=num_blocks,
-            num_bytes=num_blocks * self.core.agent.layout.block_bytes,
+            num_bytes=num_blocks * self.core.agent.node_block_bytes,
             transfer_s=0.0,
             prefill_s=time.monotonic() - job.received,
+            src_heads=self.core.agent.head_ranges(),
         )

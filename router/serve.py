@@ -81,19 +81,11 @@ def ensure_model(model: str | None) -> Path:
 
 
 def check_tensor_parallel(args: argparse.Namespace) -> None:
-    """SystemExit for sizes below 1, and for either role above 1 while prefill nodes run:
-    per-rank KV transfer is not built, so decode nodes of several ranks prefill locally and
-    prefill nodes of several ranks cannot ship (the operator refuses the same)."""
+    """SystemExit for sizes below 1 (prefill and decode sizes may differ: each rank ships
+    its KV heads to the ranks holding them, docs/disaggregation.md)."""
     for role in ("prefill", "decode"):
         if getattr(args, f"{role}_tensor_parallel_size") < 1:
             raise SystemExit(f"tandem serve: --{role}-tensor-parallel-size must be at least 1")
-    for role in ("prefill", "decode"):
-        if args.prefill and getattr(args, f"{role}_tensor_parallel_size") > 1:
-            raise SystemExit(
-                f"tandem serve: --{role}-tensor-parallel-size above 1 is served only with "
-                "--prefill 0 for now (decode nodes of several ranks prefill locally): per-rank "
-                "KV transfer between prefill and decode is not built"
-            )
 
 
 def decode_flags(args: argparse.Namespace) -> list[str]:

@@ -91,7 +91,9 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
             kv=kv,
             scheduler=Scheduler(config.scheduler, kv),
             runner=Runner(),
-            agent=SimpleNamespace(info=lambda: AgentInfo("decode", b"", layout)),
+            agent=SimpleNamespace(
+                info=lambda: AgentInfo("decode", b"", layout), rank_infos=lambda: []
+            ),
             metrics=NodeMetrics(CollectorRegistry(), "m", "decode", "d"),
         )
         self.client = Client()

@@ -77,8 +77,16 @@ class HeldWrites:
         self.notified: list[PrefillDone] = []
         self.refuse_next = False
 
-    def connect(self, info: AgentInfo) -> None:
+    node_block_bytes = 1024
+
+    def connect(self, info: AgentInfo, ranks: list[AgentInfo] = ()) -> None:
         pass
+
+    def check_peer(self, name: str) -> None:
+        pass
+
+    def head_ranges(self) -> list[tuple[int, int]]:
+        return [(0, 1)]
 
     def remote_layout(self, name: str) -> KVLayout:
         return KVLayout(0, 1024, 64, 0, "DRAM")

@@ -1,40 +1,108 @@
-"""Nodes with `--tensor-parallel-size`: a decode node of two ranks serves what the offline
-engine gives, prefilling every prompt itself (KV transfer is from one rank's cache, so it
-never asks the prefill worker the router names); a prefill node or `tandem serve` asked for
-more than one prefill rank refuses to start, naming why."""
+"""Prefill and decode nodes of different tensor-parallel sizes, real processes: each rank's
+KV heads go over NIXL straight to the decode rank(s) holding them (1 -> 2, 2 -> 1, 2 -> 2),
+outputs equal the offline engine's, and no block or write is left on any rank; a prefill
+rank killed mid-request is a dead prefill node."""
 
 from __future__ import annotations
 
+import os
+import random
+import signal
 import subprocess
 import sys
+import threading
 
-from tests.bounds import PROCESS_S
-from tests.disagg.nodes import Node, assert_clean, generate, metric_value, running
-from tests.disagg.test_disagg import assert_matches_offline, workload
+import pytest
 
-NUM_REQUESTS = 6
+from tests.bounds import HANG_S, PROCESS_S
+from tests.disagg.nodes import (
+    Node,
+    assert_clean,
+    connect,
+    generate,
+    metric_value,
+    running,
+    wait_until,
+)
+from tests.disagg.test_disagg import assert_matches_offline, run_concurrently, workload
+
+NUM_REQUESTS = 8
+COMMON = ("--max-num-batched-tokens", "64", "--max-model-len", "512", "--num-kv-blocks", "96")
+PATIENT = ("--prefill-timeout", "600", "--hold-timeout", "600")
 
 
-def test_a_two_rank_decode_node_prefills_locally_and_matches_offline(llama_dir, node_logs, llm):
-    decode = Node(
-        "decode", llama_dir, node_logs, "--tensor-parallel-size", "2",
-        "--max-num-batched-tokens", "64", "--max-model-len", "512", "--num-kv-blocks", "64",
-    )  # fmt: skip
-    never_started = Node("prefill", llama_dir, node_logs)  # named, never asked
-    items = workload(21, NUM_REQUESTS)
-    with running({"d": decode}):
-        got = [
-            generate(decode, f"tp{i}", prompt, sampling, never_started)[0]
-            for i, (prompt, sampling) in enumerate(items)
-        ]
-        metrics = decode.metrics()
-        assert metric_value(metrics, "tandem_disagg_decisions_total", decision="local") == len(
-            items
+@pytest.fixture(scope="module")
+def tp_nodes(llama_dir, node_logs):
+    tp2 = ("--tensor-parallel-size", "2")
+    nodes = {
+        "p1": Node("prefill", llama_dir, node_logs, *COMMON),
+        "p2": Node("prefill", llama_dir, node_logs, *COMMON, *tp2),
+        "d1": Node("decode", llama_dir, node_logs, *COMMON, *PATIENT),
+        "d2": Node("decode", llama_dir, node_logs, *COMMON, *PATIENT, *tp2),
+    }
+    with running(nodes):
+        yield nodes
+
+
+def assert_no_writes_left(*nodes: Node) -> None:
+    for node in nodes:
+        assert wait_until(lambda n=node: not any(n.kv()["rank_writes_in_flight"]))
+
+
+@pytest.mark.parametrize(("prefill", "decode"), [("p1", "d2"), ("p2", "d1"), ("p2", "d2")])
+def test_kv_between_tensor_parallel_sizes_matches_offline(tp_nodes, llm, prefill, decode):
+    p, d = tp_nodes[prefill], tp_nodes[decode]
+    connect(d, p)
+    dm = d.metrics()
+    before = [
+        metric_value(dm, "tandem_disagg_decisions_total", decision="remote"),
+        metric_value(dm, "tandem_prefill_fallbacks_total"),
+    ]
+    items = workload(31, NUM_REQUESTS)
+    results = run_concurrently(d, items, p, f"tp-{prefill}-{decode}-")
+    assert_matches_offline(llm, items, [tokens for tokens, _, _ in results])
+    dm = d.metrics()
+    remote = metric_value(dm, "tandem_disagg_decisions_total", decision="remote") - before[0]
+    assert remote == NUM_REQUESTS
+    assert metric_value(dm, "tandem_prefill_fallbacks_total") == before[1]
+    assert_clean(d, p)
+    assert_no_writes_left(d, p)
+    assert len(p.kv()["rank_writes_in_flight"]) == (2 if prefill == "p2" else 1)
+
+
+def test_a_prefill_rank_killed_mid_transfer_is_a_dead_prefill_node(llama_dir, node_logs, llm):
+    """Decode rank 1 is stopped, so the write prefill rank 1 posts into it cannot complete
+    (its agent makes no progress): prefill rank 1 is killed with that write in flight."""
+    p = Node("prefill", llama_dir, node_logs, *COMMON, "--tensor-parallel-size", "2")
+    hasty = ("--prefill-timeout", "600", "--hold-timeout", "5")
+    d = Node("decode", llama_dir, node_logs, *COMMON, *hasty, "--tensor-parallel-size", "2")
+    with running({"p": p, "d": d}):
+        connect(d, p)
+        prompt = [random.Random(5).randrange(5, 500) for _ in range(150)]  # 3 chunks
+        greedy = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+        decode_rank1 = d.kv()["rank_pids"][0]
+        os.kill(decode_rank1, signal.SIGSTOP)
+        result = {}
+        thread = threading.Thread(
+            target=lambda: result.update(out=generate(d, "rank-killed", prompt, greedy, p))
         )
-        assert metric_value(metrics, "tandem_disagg_decisions_total", decision="remote") == 0
-        assert metric_value(metrics, "tandem_prefill_fallbacks_total") == 0
-        assert_clean(decode)
-    assert_matches_offline(llm, items, got)
+        thread.start()
+        try:
+            assert wait_until(lambda: any("#w" in hold for hold in p.kv()["holds"]))
+            os.kill(p.kv()["rank_pids"][0], signal.SIGKILL)
+            p.proc.wait(HANG_S)  # rank 0 sees its rank gone and the node exits
+        finally:
+            os.kill(decode_rank1, signal.SIGCONT)
+        assert p.proc.returncode != 0
+        assert "tensor-parallel rank 1" in p.log_tail()
+        thread.join(HANG_S)
+        tokens, _, last = result["out"]
+        assert last["finish_reason"] == "length"
+        assert_matches_offline(llm, [(prompt, greedy)], [tokens])
+        dm = d.metrics()
+        assert metric_value(dm, "tandem_prefill_fallbacks_total", reason="disconnected") == 1
+        assert_clean(d)  # the attempt's blocks came back at the hold timeout
+        assert_no_writes_left(d)
 
 
 def _refused(*command: str) -> str:
@@ -49,18 +117,6 @@ def _refused(*command: str) -> str:
     return result.stderr
 
 
-def test_a_prefill_node_of_two_ranks_refuses_to_start(llama_dir):
-    err = _refused(
-        "prefill", "--model", str(llama_dir), "--http-port", "1", "--zmq-port", "1",
-        "--tensor-parallel-size", "2",
-    )  # fmt: skip
-    assert "tandem prefill: KV transfer between prefill and decode nodes is per node" in err
-    assert "--tensor-parallel-size above 1" in err
-
-
-def test_serve_refuses_ranks_beside_prefill_nodes(llama_dir):
-    for role in ("prefill", "decode"):
-        err = _refused("serve", "--model", str(llama_dir), f"--{role}-tensor-parallel-size", "2")
-        assert f"--{role}-tensor-parallel-size above 1" in err and "--prefill 0" in err
+def test_serve_refuses_a_tensor_parallel_size_below_one(llama_dir):
     err = _refused("serve", "--model", str(llama_dir), "--decode-tensor-parallel-size", "0")
     assert "--decode-tensor-parallel-size must be at least 1" in err
