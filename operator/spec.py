@@ -22,11 +22,6 @@ SOURCES = ("pvc", "hostPath", "huggingFace")
 # The download Job writes the cache: its claim needs a writable mode.
 ACCESS_MODES = ("ReadWriteMany", "ReadOnlyMany", "ReadWriteOnce")
 WRITABLE_MODES = ("ReadWriteMany", "ReadWriteOnce")
-TP_NEEDS_LOCAL_PREFILL = (
-    "tensorParallelSize above 1 is served only with prefill.replicas 0 for now (decode pods "
-    "of several ranks prefill locally): per-rank KV transfer between prefill and decode is "
-    "not built"
-)
 # A Kubernetes quantity (100Gi, 1.5T), the CRD's pattern.
 QUANTITY = (
     r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
@@ -164,15 +159,7 @@ def parse(llmd: dict[str, Any]) -> LLMDeploymentSpec:
         ),
         pod_monitor=_pod_monitor(spec.child("monitoring").child("podMonitor")),
     )
-    _check_tensor_parallel(parsed, spec)
     return parsed
-
-
-def _check_tensor_parallel(parsed: LLMDeploymentSpec, spec: Reader) -> None:
-    """TP above 1 only where no prefill pod serves (the CRD's rule of the same message)."""
-    for pool in (parsed.prefill, parsed.decode):
-        if parsed.prefill.replicas > 0 and pool.tensor_parallel_size > 1:
-            raise spec.child(pool.role).error(TP_NEEDS_LOCAL_PREFILL, "tensorParallelSize")
 
 
 def _model(model: Reader) -> ModelSpec:

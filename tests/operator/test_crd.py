@@ -62,8 +62,6 @@ def _edit(path: str, value):
         ("spec.engine.blockSize", 12, "spec.engine.blockSize"),
         ("spec.engine.gpuMemoryUtilization", 0, "spec.engine.gpuMemoryUtilization"),
         ("spec.prefill.tensorParallelSize", 3, "spec.prefill.tensorParallelSize"),
-        ("spec.prefill.tensorParallelSize", 2, "served only with prefill.replicas 0"),
-        ("spec.decode.tensorParallelSize", 2, "served only with prefill.replicas 0"),
         ("spec.router.service.port", 70000, "spec.router.service.port"),
         ("spec.disaggregation.onPrefillFailure", "retry", "spec.disaggregation"),
         ("spec.model.source.pvc", {"claimName": "models"}, "exactly one of"),

@@ -77,10 +77,7 @@ def test_render_is_pure_and_deterministic():
         (lambda s: s["engine"].update(gpuMemoryUtilization=1.5),
          "spec.engine.gpuMemoryUtilization"),
         (lambda s: s["router"]["apiKeySecretRef"].pop("key"), "spec.router.apiKeySecretRef.key"),
-        (lambda s: s["prefill"].update(tensorParallelSize=2),
-         "spec.prefill.tensorParallelSize: tensorParallelSize above 1 is served only"),
-        (lambda s: s["decode"].update(tensorParallelSize=4),
-         "spec.decode.tensorParallelSize: tensorParallelSize above 1 is served only"),
+        (lambda s: s["decode"].update(tensorParallelSize=3), "spec.decode.tensorParallelSize"),
     ],
 )  # fmt: skip
 def test_invalid_spec_names_the_field(edit, field):
@@ -110,7 +107,7 @@ def _revision(llmd):
         (lambda s: s["model"].update(dtype="float16"), True),
         (lambda s: s.update(image="tandem:next"), True),
         (
-            lambda s: (s["prefill"].update(replicas=0), s["decode"].update(tensorParallelSize=8)),
+            lambda s: s["decode"].update(tensorParallelSize=8),
             True,
         ),
         (lambda s: s["model"]["source"]["huggingFace"].update(revision="v2"), True),
@@ -182,8 +179,7 @@ def test_tensor_parallel_size_reaches_each_engine_with_shared_memory():
     and the pod's /dev/shm is a memory-backed emptyDir (NCCL's buffers between ranks)."""
     objects = by_key(render(example("tensor-parallel")))
     config = objects[("ConfigMap", "llama-70b-config")]["data"]
-    assert ("Deployment", "llama-70b-prefill") not in objects  # no prefill pool: see the CRD
-    for role, size in (("decode", 2),):
+    for role, size in (("prefill", 1), ("decode", 2)):
         assert json.loads(config[f"{role}.json"])["tensor-parallel-size"] == size
         pod = objects[("Deployment", f"llama-70b-{role}")]["spec"]["template"]["spec"]
         mount = next(

@@ -169,8 +169,7 @@ def test_deleting_the_resource_collects_every_child(setup, llmd):
         ({"decode": {"replicaz": 2}}, 400, 'unknown field "spec.decode.replicaz"'),  # strict
         ({"model": {"source": {"pvc": {"claimName": "m"}, "hostPath": {"path": "/m"}}}},
          422, "exactly one"),  # a CEL rule
-        ({"decode": {"tensorParallelSize": 2}}, 422,
-         "tensorParallelSize above 1 is served only with prefill.replicas 0"),  # defaults + CEL
+        ({"decode": {"tensorParallelSize": 3}}, 422, "spec.decode.tensorParallelSize"),  # enum
     ],
 )  # fmt: skip
 def test_the_api_server_refuses_a_bad_spec_naming_the_field(setup, llmd, spec, status, says):
