@@ -23,6 +23,7 @@ from tests.bench_run import run_bench
             ["| decode | 32 | 32 | 512 |", "| 2 | 0.3 |", "| decode-heavy | 4 | 2 | 2 |"],
         ),
         ("calibrate.py", ["steps timed: ", "fit: overhead", "median error"]),
+        ("tp_transfer.py", ["| 1 -> 2 | 2.00 | 512 |", "| 2 -> 1 | 2.00 | 512 |"]),
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):
