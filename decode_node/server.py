@@ -96,10 +96,14 @@ class DecodeLoop:
     def ports(self) -> dict[str, int]:
         return {"events_port": self.publisher.port}
 
+    def debug_report(self) -> dict[str, object]:
+        return {}
+
     def close(self) -> None:
         self.client.close()
         self.publisher.close()
         self.context.term()
+        self.core.close()
 
 
 def add_decode_routes(server: NodeServer) -> None:

@@ -316,6 +316,13 @@ class DecodeWorker:
 
     def _complete_remote(self, stream: Stream, done: PrefillDone) -> None:
         request = stream.request
+        if done.src_heads:  # pieces from several prefill ranks, on some rank of ours
+            destination = self.core.scheduler.remote_destination(request)
+            try:
+                self.core.agent.repack(destination, [tuple(h) for h in done.src_heads])
+            except ValueError as exc:  # a prefill node whose heads do not cover ours
+                self._fall_back(stream, "error", f"unusable KV heads: {exc}")
+                return
         tracing.end(stream.remote_span, **{"tandem.kv_blocks": done.num_blocks})
         stream.remote_span = None
         self.hold_log_ids.pop(remote_hold_key(done.request_id, done.attempt), None)
@@ -330,9 +337,6 @@ class DecodeWorker:
             "prefill_s": done.prefill_s,  # received -> first token, on the worker's clock
             "transfer_s": done.transfer_s,  # first write posted -> last write done
         }
-        if done.src_heads:  # pieces from several prefill ranks, on some rank of ours
-            destination = self.core.scheduler.remote_destination(request)
-            self.core.agent.repack(destination, [tuple(h) for h in done.src_heads])
         skip_draw(request, self.core.config.model.vocab_size, self.core.config.device)
         self.core.scheduler.complete_remote_prefill(
             request.request_id, done.token_id, from_wire(done.logprobs)

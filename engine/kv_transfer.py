@@ -28,8 +28,9 @@ from tandem.engine.request import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
-# Remote agents a prefill node keeps loaded; the least recently used is dropped beyond this.
-MAX_REMOTE_AGENTS = 256
+# Remote agents a prefill rank keeps loaded; the least recently used is dropped beyond this
+# (agents, not nodes: a decode node of N ranks counts N on the rank writing to all of them).
+MAX_REMOTE_AGENTS = 1024
 
 
 class KVLayout(msgspec.Struct, frozen=True):

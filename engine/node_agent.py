@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tandem.engine.kv_heads import (
     HeadRange,
+    Piece,
     cuts_of,
     head_bytes,
     head_range,
@@ -40,6 +42,9 @@ from tandem.engine.model_runner import ModelRunner
 from tandem.engine.rank_kv import PeerPiece, RankKV
 from tandem.engine.tp_group import WorkerRanks
 
+# How long the census waits for a rank's answer.
+_CENSUS_WAIT_S = 1.0
+
 
 @dataclass
 class _Write:
@@ -47,17 +52,18 @@ class _Write:
     failed: bool = False
 
 
-@dataclass
 class NodeAgent:
     """Rank 0's view of every rank's transfer end. One thread (the engine's) uses it."""
 
-    local: RankKV
-    workers: WorkerRanks | None
-    ranks: list[AgentInfo]  # every rank's agent, rank 0 first
-    _peers: OrderedDict[str, list[AgentInfo]] = field(default_factory=OrderedDict)
-    _writes: dict[int, _Write] = field(default_factory=dict)
-    _next_id: int = 0
-    _expecting: bool = False
+    def __init__(self, local: RankKV, workers: WorkerRanks | None, ranks: list[AgentInfo]) -> None:
+        """`ranks`: every rank's agent, rank 0's (`local`'s) first."""
+        self.local = local
+        self.workers = workers
+        self.ranks = ranks
+        self._peers: OrderedDict[str, list[AgentInfo]] = OrderedDict()  # decode nodes' ranks
+        self._writes: dict[int, _Write] = {}
+        self._next_id = 0
+        self._expecting = False
 
     @classmethod
     def create(cls, prefix: str, runner: ModelRunner) -> NodeAgent:
@@ -68,7 +74,7 @@ class NodeAgent:
         ranks = [agent.info()]
         if runner.workers is not None:
             for rank in range(1, runner.shard.tp.size):
-                ranks.append(runner.workers.call(rank, ("agent", f"{name}-r{rank}"))[1])
+                ranks.append(runner.workers.call(rank, "agent", f"{name}-r{rank}"))
         return cls(RankKV(agent, runner.kv_cache), runner.workers, ranks)
 
     @property
@@ -96,7 +102,7 @@ class NodeAgent:
 
     # -- the prefill side -----------------------------------------------------------------
 
-    def connect(self, info: AgentInfo, ranks: list[AgentInfo] = ()) -> None:
+    def connect(self, info: AgentInfo, ranks: Sequence[AgentInfo] = ()) -> None:
         """Remember a decode node's ranks; rank 0 loads its rank 0 (for notifications)."""
         self.local.agent.connect(info)
         self._peers[info.name] = [info, *ranks]
@@ -131,15 +137,18 @@ class NodeAgent:
             parts.setdefault(piece.src, []).append(PeerPiece(peers[piece.dst], piece))
         write_id, self._next_id = self._next_id, self._next_id + 1
         write = _Write(pending=set())
-        if 0 in parts:
+        if 0 in parts:  # first: a refusal here raises with nothing in flight
             state = self.local.write(write_id, parts[0], src_ids, dst_ids)
             write.pending |= {0} if state == "PROC" else set()
             write.failed = state == "ERR"
+        self._writes[write_id] = write
         for rank, rank_parts in parts.items():
             if rank:
-                self.workers.send(rank, ("write", write_id, rank_parts, src_ids, dst_ids))
-                write.pending.add(rank)
-        self._writes[write_id] = write
+                try:
+                    self.workers.send(rank, ("write", write_id, rank_parts, src_ids, dst_ids))
+                    write.pending.add(rank)
+                except OSError:  # the rank is gone (its watcher ends the node): no part there
+                    write.failed = True
         transfer = Transfer(
             write_id,
             len(src_ids),
@@ -147,10 +156,14 @@ class NodeAgent:
             sum(self._num_descs(p, peers, src_ids, dst_ids) for p in pieces),
             time.monotonic(),
         )
-        self.poll(transfer)
+        if not write.pending:
+            del self._writes[write_id]
+            transfer.state = "ERR" if write.failed else "DONE"
         return transfer
 
-    def _num_descs(self, piece, peers: list[AgentInfo], src_ids, dst_ids) -> int:
+    def _num_descs(
+        self, piece: Piece, peers: list[AgentInfo], src_ids: list[int], dst_ids: list[int]
+    ) -> int:
         src_whole = is_whole(piece, head_range(self.ranks[piece.src].layout))
         if src_whole and is_whole(piece, head_range(peers[piece.dst].layout)):
             return len(block_runs(src_ids, dst_ids))
@@ -177,6 +190,8 @@ class NodeAgent:
         write.failed |= state == "ERR"
 
     def notify(self, remote: str, message: bytes) -> None:
+        """Notify the decode node's rank 0 (loaded again if its agent was evicted)."""
+        self.local.agent.connect(self._peers[remote][0])
         self.local.agent.notify(remote, message)
 
     def notifications(self) -> list[tuple[str, bytes]]:
@@ -196,7 +211,8 @@ class NodeAgent:
 
     def repack(self, block_ids: list[int], src_heads: list[HeadRange]) -> None:
         """Blocks `block_ids` received pieces from prefill ranks holding `src_heads`: on
-        every rank of ours that got more than one piece, lay them out token-major."""
+        every rank of ours that got more than one piece, lay them out token-major. Raises
+        ValueError (nothing re-packed) when those heads do not cover ours."""
         pieces = plan_pieces(src_heads, self.head_ranges())
         for rank, heads in enumerate(self.head_ranges()):
             cuts = cuts_of([p for p in pieces if p.dst == rank], heads)
@@ -207,10 +223,11 @@ class NodeAgent:
             else:
                 self.workers.send(rank, ("repack", block_ids, cuts))
 
-    def census(self) -> list[int]:
-        """Writes in flight on each rank, by the rank's own count."""
-        counts = [self.local.num_in_flight]
+    def census(self) -> list[int | None]:
+        """Writes in flight on each rank, by the rank's own count (None: the rank did not
+        answer within a second; a stopped rank must not hang the node)."""
+        counts: list[int | None] = [self.local.num_in_flight]
         if self.workers is not None:
             for rank in range(1, len(self.ranks)):
-                counts.append(self.workers.call(rank, ("census",))[1])
+                counts.append(self.workers.call(rank, "census", timeout=_CENSUS_WAIT_S))
         return counts

@@ -150,6 +150,11 @@ class NodeCore:
         self.grammars.prepare()
         self.metrics = NodeMetrics(registry, identity.model, identity.role, identity.pod)
 
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks (their watcher first, so that a rank
+        stopping is not taken for one dying)."""
+        self.runner.close()
+
     def load(self) -> Load:
         return load_of(self.scheduler)
 

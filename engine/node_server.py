@@ -63,6 +63,10 @@ class Worker(Protocol):
         requests), reported by /health so routers need only the HTTP address."""
         ...
 
+    def debug_report(self) -> dict[str, object]:
+        """The worker's own debug state, added to /debug/kv."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -155,7 +159,10 @@ class NodeServer:
         async def debug_kv() -> Response:
             if (busy := self.not_ready()) is not None:
                 return busy
-            return JSONResponse(await self.call(self.worker.core.kv_report))
+            worker = self.worker
+            return JSONResponse(
+                await self.call(lambda: worker.core.kv_report() | worker.debug_report())
+            )
 
         @app.post("/debug/blocks")
         async def debug_blocks(query: BlocksQuery) -> Response:

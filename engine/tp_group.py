@@ -14,6 +14,7 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -62,6 +63,7 @@ class WorkerRanks:
         self.load_rss_bytes: list[int] = []
         self._store: dist.TCPStore | None = None  # rank 0 hosts it while the group lives
         self._reports: list[tuple[int, int, str]] = []  # (rank, write id, state) unread
+        self._calls = 0  # the last call id
         self._closing = threading.Event()
         self._stop_watch_r, self._stop_watch_w = mp.Pipe(duplex=False)
         try:
@@ -161,30 +163,52 @@ class WorkerRanks:
         """A command for rank `rank` (>= 1), run after every step sent before it."""
         self.conns[rank - 1].send(message)
 
-    def call(self, rank: int, message: object) -> tuple:
-        """Send a command to rank `rank` and wait for its answer (write reports that arrive
-        first are kept for `reports`). Raises RuntimeError when the rank is gone."""
-        self.send(rank, message)
+    def call(self, rank: int, kind: str, *args: object, timeout: float | None = None) -> object:
+        """Send rank `rank` the command `(kind, call id, *args)` and return its answer's
+        payload, or None when none came within `timeout` seconds (a stopped rank: a later,
+        stale answer is dropped). Write reports that arrive meanwhile are kept for
+        `reports`. Raises RuntimeError when the rank is gone."""
+        self._calls += 1
+        call_id = self._calls
+        self.send(rank, (kind, call_id, *args))
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            reply = self._receive(rank)
-            if reply[0] != "xfer":
-                return reply
-            self._reports.append((rank, reply[1], reply[2]))
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            reply = self._receive(rank, left)
+            if reply is None:
+                return None
+            if reply[0] == "xfer":
+                self._reports.append((rank, reply[1], reply[2]))
+            elif reply[1] == call_id:
+                return reply[2]
 
-    def _receive(self, rank: int) -> tuple:
+    def _receive(self, rank: int, timeout: float | None) -> tuple | None:
         conn, process = self.conns[rank - 1], self.processes[rank - 1]
-        ready = wait([conn, process.sentinel])
+        ready = wait([conn, process.sentinel], timeout)
+        if not ready:
+            return None
         if conn in ready:
             with contextlib.suppress(EOFError):
                 return conn.recv()
-        raise RuntimeError(f"tensor-parallel rank {rank} (pid {process.pid}) is gone")
+        raise self._gone(rank)
+
+    def _gone(self, rank: int) -> RuntimeError:
+        process = self.processes[rank - 1]
+        process.join(_STOP_GRACE_S)
+        return RuntimeError(
+            f"tensor-parallel rank {rank} (pid {process.pid}) is gone (exit code "
+            f"{process.exitcode})"
+        )
 
     def reports(self) -> list[tuple[int, int, str]]:
         """(rank, write id, DONE or ERR) for every write a rank finished since the last
         call."""
         for rank, conn in enumerate(self.conns, 1):
             while conn.poll():
-                reply = conn.recv()
+                try:
+                    reply = conn.recv()
+                except EOFError:
+                    raise self._gone(rank) from None
                 if reply[0] == "xfer":
                     self._reports.append((rank, reply[1], reply[2]))
         reports, self._reports = self._reports, []

@@ -8,10 +8,10 @@ collective that would otherwise never return.
 Pipe protocol, rank 0 -> rank: ("connect", port), then one StepBatch per step, then None.
 Rank -> rank 0: ("loaded", peak RSS bytes, RSS added by loading) or ("failed",
 traceback), then ("ready",). Between steps, the KV transfer's commands (`RankCommands`):
-("agent", name) -> ("agent", AgentInfo); ("write", id, parts, src ids, dst ids), answered
-later by ("xfer", id, DONE or ERR); ("expect", bool): writes may land in this rank, keep
-its agent progressing; ("repack", block ids, cuts); ("census",) -> ("census", writes in
-flight).
+("agent", call id, name) -> ("agent", call id, AgentInfo); ("write", id, parts, src ids,
+dst ids), answered later by ("xfer", id, DONE or ERR); ("expect", bool): writes may land
+in this rank, keep its agent progressing; ("repack", block ids, cuts); ("census", call id)
+-> ("census", call id, writes in flight).
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ logger = logging.getLogger(__name__)
 # How long joining the group may wait for the other ranks (they are loaded by then).
 CONNECT_TIMEOUT = timedelta(minutes=5)
 
-# How often a rank with KV writes in flight checks on them while no command arrives.
+# How often a rank's agent makes progress while no command arrives: while writes are in
+# flight (its own, or into it), and, rarely, otherwise (a late write into a block whose
+# hold timed out still completes).
 _WRITE_POLL_S = 0.0005
+_IDLE_POLL_S = 0.1
 
 
 def peak_rss_bytes() -> int:
@@ -109,15 +112,30 @@ class RankCommands:
         cache may be (UCX needs the target's worker to progress on some transports)."""
         return self.kv is not None and (self.expecting or self.kv.num_in_flight > 0)
 
+    @property
+    def poll_interval(self) -> float | None:
+        """How long to wait for a command before the agent makes progress (None: no
+        agent, wait as long as it takes)."""
+        if self.kv is None:
+            return None
+        return _WRITE_POLL_S if self.polling else _IDLE_POLL_S
+
+    def progress(self) -> None:
+        """Report the writes that ended and let the agent's worker progress."""
+        if self.kv is not None:
+            self.report()
+            self.kv.agent.progress()
+
     def run(self, message: tuple) -> None:
         kind, *args = message
         if kind == "agent":
+            call_id, name = args
             shape, model = self.shard.tp.shape, self.shard.config.model
             agent = KVTransferAgent(
-                args[0], self.shard.kv_cache, shape.kv_head_start, model.num_kv_heads
+                name, self.shard.kv_cache, shape.kv_head_start, model.num_kv_heads
             )
             self.kv = RankKV(agent, self.shard.kv_cache)
-            self.conn.send(("agent", agent.info()))
+            self.conn.send(("agent", call_id, agent.info()))
         elif kind == "write":
             write_id = args[0]
             try:
@@ -133,7 +151,7 @@ class RankCommands:
         elif kind == "repack":
             self.kv.repack(*args)
         elif kind == "census":
-            self.conn.send(("census", self.kv.num_in_flight if self.kv else 0))
+            self.conn.send(("census", args[0], self.kv.num_in_flight if self.kv else 0))
         else:
             raise ValueError(f"unknown command {kind!r}")
 
@@ -168,9 +186,8 @@ def run_worker(
     commands = RankCommands(shard, conn)
     with contextlib.suppress(EOFError):
         while True:
-            if commands.polling and not conn.poll(_WRITE_POLL_S):
-                commands.report()
-                commands.kv.agent.progress()
+            if not conn.poll(commands.poll_interval):
+                commands.progress()
                 continue
             message = conn.recv()
             if message is None:
@@ -179,7 +196,8 @@ def run_worker(
                 shard.forward(message)
             else:
                 commands.run(message)
-            commands.report()
+            if commands.polling:  # between steps too: a busy node leaves no idle gaps
+                commands.progress()
     # Straight out: tearing the group down at interpreter exit may abort in gloo's threads.
     conn.close()
     os._exit(0)

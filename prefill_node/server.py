@@ -96,10 +96,14 @@ class PrefillLoop:
     def ports(self) -> dict[str, int]:
         return {"zmq_port": self.zmq_port, "events_port": self.publisher.port}
 
+    def debug_report(self) -> dict[str, object]:
+        return {"jobs": self.worker.report()}
+
     def close(self) -> None:
         self.socket.close(0)
         self.publisher.close()
         self.context.term()
+        self.core.close()
 
 
 def run(args: argparse.Namespace) -> None:

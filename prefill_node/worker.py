@@ -208,6 +208,13 @@ class PrefillWorker:
         if not job.transfers:
             self._settle(job)
 
+    def report(self) -> dict[str, dict[str, object]]:
+        """Each job's state, for /debug/kv: how it ended (or None) and writes in flight."""
+        return {
+            key: {"ended": job.ended, "done": job.done is not None, "writes": len(job.transfers)}
+            for key, job in self.jobs.items()
+        }
+
     @property
     def busy(self) -> bool:
         return self.core.scheduler.has_unfinished_requests()

@@ -5,13 +5,16 @@ rank killed mid-request is a dead prefill node."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from tests.bounds import HANG_S, PROCESS_S
@@ -27,6 +30,7 @@ from tests.disagg.nodes import (
 from tests.disagg.test_disagg import assert_matches_offline, run_concurrently, workload
 
 NUM_REQUESTS = 8
+GREEDY = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
 COMMON = ("--max-num-batched-tokens", "64", "--max-model-len", "512", "--num-kv-blocks", "96")
 PATIENT = ("--prefill-timeout", "600", "--hold-timeout", "600")
 
@@ -70,25 +74,42 @@ def test_kv_between_tensor_parallel_sizes_matches_offline(tp_nodes, llm, prefill
     assert len(p.kv()["rank_writes_in_flight"]) == (2 if prefill == "p2" else 1)
 
 
-def test_a_prefill_rank_killed_mid_transfer_is_a_dead_prefill_node(llama_dir, node_logs, llm):
-    """Decode rank 1 is stopped, so the write prefill rank 1 posts into it cannot complete
-    (its agent makes no progress): prefill rank 1 is killed with that write in flight."""
-    p = Node("prefill", llama_dir, node_logs, *COMMON, "--tensor-parallel-size", "2")
-    hasty = ("--prefill-timeout", "600", "--hold-timeout", "5")
-    d = Node("decode", llama_dir, node_logs, *COMMON, *hasty, "--tensor-parallel-size", "2")
+@contextlib.contextmanager
+def strangers(llama_dir, node_logs, hold_timeout: str) -> Iterator[tuple[Node, Node]]:
+    """A prefill and a decode node of two ranks whose agents have never met. A first write
+    between two agents waits for the target's agent to progress (UCX's wire-up), so the
+    first write into a stopped decode rank stays in flight until it runs again. The decode
+    node's ZMQ connection is warmed with a prompt the prefill node refuses (longer than its
+    max model length): it fails over and nothing is written."""
+    tp2 = ("--tensor-parallel-size", "2")
+    p = Node("prefill", llama_dir, node_logs, "--max-model-len", "32", *tp2)
+    hasty = ("--prefill-timeout", "600", "--hold-timeout", hold_timeout)
+    d = Node("decode", llama_dir, node_logs, *COMMON, *hasty, *tp2)
     with running({"p": p, "d": d}):
-        connect(d, p)
-        prompt = [random.Random(5).randrange(5, 500) for _ in range(150)]  # 3 chunks
-        greedy = {"max_tokens": 6, "temperature": 0.0, "ignore_eos": True}
+        _, _, last = generate(d, "warm", list(range(5, 45)), GREEDY, p)
+        assert last["finish_reason"] == "length"
+        assert metric_value(d.metrics(), "tandem_prefill_fallbacks_total", reason="error") == 1
+        yield p, d
+
+
+def writing(p: Node) -> bool:
+    return any("#w" in hold for hold in p.kv()["holds"])
+
+
+def test_a_prefill_rank_killed_mid_transfer_is_a_dead_prefill_node(llama_dir, node_logs, llm):
+    """Prefill rank 1 is killed while its write into a stopped decode rank is in flight."""
+    with strangers(llama_dir, node_logs, hold_timeout="5") as (p, d):
+        prompt = [random.Random(5).randrange(5, 500) for _ in range(30)]
         decode_rank1 = d.kv()["rank_pids"][0]
         os.kill(decode_rank1, signal.SIGSTOP)
         result = {}
         thread = threading.Thread(
-            target=lambda: result.update(out=generate(d, "rank-killed", prompt, greedy, p))
+            target=lambda: result.update(out=generate(d, "rank-killed", prompt, GREEDY, p))
         )
         thread.start()
         try:
-            assert wait_until(lambda: any("#w" in hold for hold in p.kv()["holds"]))
+            assert wait_until(lambda: writing(p))
+            assert p.kv()["rank_writes_in_flight"][1] == 1
             os.kill(p.kv()["rank_pids"][0], signal.SIGKILL)
             p.proc.wait(HANG_S)  # rank 0 sees its rank gone and the node exits
         finally:
@@ -98,11 +119,46 @@ def test_a_prefill_rank_killed_mid_transfer_is_a_dead_prefill_node(llama_dir, no
         thread.join(HANG_S)
         tokens, _, last = result["out"]
         assert last["finish_reason"] == "length"
-        assert_matches_offline(llm, [(prompt, greedy)], [tokens])
+        assert_matches_offline(llm, [(prompt, GREEDY)], [tokens])
         dm = d.metrics()
         assert metric_value(dm, "tandem_prefill_fallbacks_total", reason="disconnected") == 1
         assert_clean(d)  # the attempt's blocks came back at the hold timeout
         assert_no_writes_left(d)
+
+
+def test_an_abort_is_confirmed_only_once_every_ranks_write_has_ended(llama_dir, node_logs, llm):
+    """Prefill rank 1's write into a stopped decode rank is in flight when the client
+    leaves: the prefill node ends the job at once, but confirms the abort (so the decode
+    node frees its blocks) only after that write has ended."""
+    with strangers(llama_dir, node_logs, hold_timeout="600") as (p, d):
+        decode_rank1 = d.kv()["rank_pids"][0]
+        body = {
+            "request_id": "tp-gone",
+            "token_ids": [random.Random(8).randrange(5, 500) for _ in range(30)],
+            "sampling": GREEDY,
+            "prefill": p.endpoint,
+        }
+        os.kill(decode_rank1, signal.SIGSTOP)
+        try:
+            with httpx.stream("POST", f"{d.url}/generate", json=body, timeout=HANG_S) as r:
+                assert r.status_code == 200
+                assert wait_until(lambda: writing(p))
+            # the client is gone: the job ends on the prefill node, its write does not
+            ended = lambda: [j for j in p.kv()["jobs"].values() if j["ended"] == "abort"]  # noqa: E731
+            assert wait_until(ended)
+            (job,) = ended()
+            report = p.kv()
+            assert job["writes"] == 1 and writing(p), report
+            assert report["rank_writes_in_flight"][1] == 1, report
+            assert d.kv()["held"] > 0
+        finally:
+            os.kill(decode_rank1, signal.SIGCONT)
+        assert wait_until(lambda: d.kv()["held"] == 0), "the abort should be confirmed"
+        assert_clean(d, p)
+        assert_no_writes_left(d, p)
+        prompt = [random.Random(9).randrange(5, 500) for _ in range(30)]
+        tokens, _, _ = generate(d, "tp-reuse", prompt, GREEDY, p)  # the blocks are usable
+        assert_matches_offline(llm, [(prompt, GREEDY)], [tokens])
 
 
 def _refused(*command: str) -> str:
