@@ -148,7 +148,8 @@ class Cluster:
         """A fresh prefill node `index` (empty cache, no jobs)."""
         c = self.config
         node = self._node(SimPrefill, prefill_url(index), "prefill", c.tp_prefill)
-        node.setup_transfers(TransferModel(self.shape, self.profile, c.block_size, c.tp_prefill))
+        transfer = TransferModel(self.shape, self.profile, c.block_size, c.tp_prefill, c.tp_decode)
+        node.setup_transfers(transfer)
         return node
 
     # -- plumbing -------------------------------------------------------------------------

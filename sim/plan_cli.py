@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+import yaml
+
+from tandem.operator.spec import parse
 from tandem.sim.args import add_common_arguments, model_and_device, slo, workload
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.plan import SearchSpace, deployment_yaml, describe, search
@@ -26,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(num_requests=300)
     p = parser.add_argument_group("plan")
     p.add_argument("--target-rate", type=float, required=True, help="requests/s to serve")
-    p.add_argument("--tp", type=_ints, default=(1, 2, 4, 8), help="TP sizes to try")
+    p.add_argument("--tp", type=_ints, default=(1, 2, 4, 8), help="TP sizes to try (both pools)")
+    p.add_argument("--tp-prefill", type=_ints, default=None, help="prefill TP sizes (default --tp)")
+    p.add_argument("--tp-decode", type=_ints, default=None, help="decode TP sizes (default --tp)")
     p.add_argument("--thresholds", type=_ints, default=(0, 512, 2048), help="remote thresholds")
     p.add_argument("--max-devices", type=int, default=16)
     p.add_argument("--attainment", type=float, default=0.9, help="share meeting both SLOs")
@@ -46,7 +51,9 @@ def run(args: argparse.Namespace) -> None:
     base = ClusterConfig(
         policy=args.policy, max_model_len=args.max_model_len or shape.max_position_embeddings
     )
-    space = SearchSpace(args.tp, args.thresholds, args.max_devices, args.attainment)
+    space = SearchSpace(
+        args.tp, args.thresholds, args.max_devices, args.attainment, args.tp_prefill, args.tp_decode
+    )
     best, tried = search(base, shape, profile, requests, slo(args), space)
     if best is None:
         raise SystemExit(
@@ -56,6 +63,19 @@ def run(args: argparse.Namespace) -> None:
     print(f"\ncheapest: {describe(best)}")
     text = deployment_yaml(best, shape.name, args.policy)
     print(text)
+    if (refusal := operator_refusal(text)) is not None:
+        print(f"note: the operator refuses this deployment today: {refusal}")
     if args.yaml:
         with open(args.yaml, "w") as f:
             f.write(text)
+
+
+def operator_refusal(text: str) -> str | None:
+    """Why the operator's own parser refuses the `LLMDeployment`, or None. Until the CRD
+    lifts its rule, TP above 1 beside prefill pods is refused: the planner still proposes
+    such layouts (the engine's per-rank transfer makes them servable)."""
+    try:
+        parse(yaml.safe_load(text))
+    except ValueError as exc:
+        return str(exc)
+    return None

@@ -10,7 +10,8 @@ import yaml
 
 from tandem.operator.spec import parse
 from tandem.sim.cluster import ClusterConfig
-from tandem.sim.plan import SearchSpace, candidates
+from tandem.sim.plan import Candidate, SearchSpace, candidates, deployment_yaml
+from tandem.sim.plan_cli import operator_refusal
 from tests.bounds import PROCESS_S
 
 
@@ -18,10 +19,42 @@ def test_candidates_of_a_device_count_cover_tp_splits_and_thresholds():
     space = SearchSpace(tp_sizes=(1, 2), thresholds=(0, 512))
     found = list(candidates(ClusterConfig(), space, 4))
     assert all(c.num_devices == 4 for c in found)
-    # TP1: 4 nodes, 0-3 prefill (aggregated once, 3 splits x 2 thresholds); TP2: 2 nodes
-    assert len(found) == (1 + 3 * 2) + (1 + 1 * 2)
+    assert len(set(found)) == len(found)
+    # aggregated: 4x TP1, 2x TP2; disaggregated (prefill TP, decode TP): (1, 1) 1-3 prefill
+    # nodes, (1, 2) 2P+1D, (2, 1) 1P+2D, (2, 2) 1P+1D; each with 2 thresholds
+    assert len(found) == 2 + (3 + 1 + 1 + 1) * 2
     assert ClusterConfig(num_prefill=0, num_decode=4) in found
+    mixed = ClusterConfig(num_prefill=2, num_decode=1, tp_prefill=1, tp_decode=2)
+    assert mixed in found
     assert not list(candidates(ClusterConfig(), SearchSpace(tp_sizes=(2,)), 3))
+    narrow = SearchSpace(tp_sizes=(1, 2), thresholds=(0,), tp_prefill=(1,), tp_decode=(2,))
+    found = list(candidates(ClusterConfig(), narrow, 4))
+    assert found == [
+        ClusterConfig(num_prefill=0, num_decode=2, tp_decode=2),
+        ClusterConfig(num_prefill=2, num_decode=1, tp_prefill=1, tp_decode=2),
+    ]
+
+
+def test_a_mixed_tp_layout_becomes_an_llmdeployment_with_per_pool_tp():
+    config = ClusterConfig(
+        num_prefill=2, num_decode=1, tp_prefill=1, tp_decode=2, remote_prefill_threshold=512
+    )
+    text = deployment_yaml(Candidate(config, {}), "llama-3-8b", "kv-aware")
+    spec = yaml.safe_load(text)["spec"]
+    assert spec["prefill"]["tensorParallelSize"] == 1
+    assert spec["prefill"]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert spec["decode"]["tensorParallelSize"] == 2
+    assert spec["decode"]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    refusal = operator_refusal(text)
+    if refusal is None:  # the operator serves TP above 1 beside prefill pods
+        parsed = parse(yaml.safe_load(text))
+        assert (parsed.prefill.tensor_parallel_size, parsed.decode.tensor_parallel_size) == (1, 2)
+    else:  # the one rule being lifted; anything else in the YAML would be another message
+        assert "tensorParallelSize above 1" in refusal
+        tp1 = ClusterConfig(num_prefill=2, num_decode=2, remote_prefill_threshold=512)
+        assert (
+            operator_refusal(deployment_yaml(Candidate(tp1, {}), "llama-3-8b", "kv-aware")) is None
+        )
 
 
 def plan(*args: str) -> subprocess.CompletedProcess:
