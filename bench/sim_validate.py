@@ -207,13 +207,20 @@ def main() -> None:
         trace = fit_lengths(scale_load(trace, args.time_scale), args.max_model_len)
         fit_slice = _slice(trace, 0, args.fit_requests) if args.fit_requests else []
         requests = _slice(trace, args.fit_requests, args.num_requests)
+        load_before = os.getloadavg()
         reals = run_real(args, model, [s for s in (fit_slice, requests) if s])
+        load_after = os.getloadavg()
         if fit_slice:
             profile = fit_token_overhead(args, model, profile, fit_slice, reals[0]["tpot_p50"])
         real = reals[-1]
         sim = run_sim(args, model, profile, requests)
     print(f"command: python -P bench/sim_validate.py {' '.join(sys.argv[1:])}")
     print(f"machine: {describe_host()}")
+    print(
+        "load average (1, 5, 15 min) before the real run: "
+        f"{', '.join(f'{x:.2f}' for x in load_before)}; after: "
+        f"{', '.join(f'{x:.2f}' for x in load_after)}"
+    )
     if fit_slice:
         print(f"fitted on requests 0-{args.fit_requests - 1}: token_overhead_s "
               f"{1e3 * profile.token_overhead_s:.3f} ms")  # fmt: skip
