@@ -159,9 +159,12 @@ class Cluster:
         self.events.after(self.profile.network_latency_s, callback, *args)
 
     def contention(self) -> float:
-        """How much longer a step starting now takes on shared host cores (1: no sharing)."""
-        cores = self.profile.host_cores
-        return max(1.0, self.num_stepping / cores) if cores else 1.0
+        """How much longer a step starting now takes on shared host cores (1: no sharing):
+        the nodes stepping and the other tenants' runnable threads share `host_cores`."""
+        p = self.profile
+        if not p.host_cores:
+            return 1.0
+        return max(1.0, (self.num_stepping + p.host_background_load) / p.host_cores)
 
     def prefill_at(self, endpoint: str) -> SimPrefill:
         """The node at a prefill endpoint now (dead if it died and has not restarted)."""

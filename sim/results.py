@@ -60,6 +60,7 @@ def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> d
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attained": good / max(len(done), 1)},
         "ttft_s": _percentiles(ttfts),
         "tpot_s": _percentiles(tpots),
+        "tpot_token_mean_s": _token_mean_tpot(done),
         "e2e_s": _percentiles(e2es),
         "prefix_cache": _prefix_cache(cluster, records),
         "kv_transfer": {
@@ -75,6 +76,14 @@ def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> d
         "num_preemptions": sum(n.scheduler.num_preemptions for n in cluster.nodes.values()),
         "num_events": cluster.events.num_events,
     }
+
+
+def _token_mean_tpot(done: Sequence[RequestRecord]) -> float | None:
+    """Mean time between two tokens over every later token (not per request): what a node's
+    inter-token latency histogram averages."""
+    gaps = sum(r.num_output_tokens - 1 for r in done if r.num_output_tokens > 1)
+    span = sum(r.finish_s - r.first_token_s for r in done if r.num_output_tokens > 1)
+    return span / gaps if gaps else None
 
 
 def _failures(cluster: Cluster, records: Sequence[RequestRecord]) -> dict[str, Any]:
