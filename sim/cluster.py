@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.decode_node.worker import DecodeOptions
 from tandem.engine.block_hash import hash_blocks
 from tandem.engine.config import SchedulerConfig
 from tandem.engine.request import Request
@@ -16,6 +15,7 @@ from tandem.router.preprocess import Prompt
 from tandem.router.workers import WorkerAddress, WorkerState
 from tandem.sim.decode import SimDecode
 from tandem.sim.events import EventQueue
+from tandem.sim.failover import FailoverOptions
 from tandem.sim.faults import Faults
 from tandem.sim.node import SimNode
 from tandem.sim.outages import Outages
@@ -33,7 +33,7 @@ class ClusterConfig:
     """The deployment: pool sizes and TP per role, routing, the remote-prefill threshold,
     and each node's engine limits. `num_prefill == 0` is an aggregated deployment (decode
     nodes prefill everything themselves). `num_kv_blocks` None: as many as fit the device.
-    The decode nodes' fail-over policy is `DecodeOptions`'s (`decode_options`)."""
+    The decode nodes' fail-over settings are `DecodeOptions`' (`failover`)."""
 
     num_prefill: int = 1
     num_decode: int = 1
@@ -53,16 +53,13 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.num_decode < 1 or self.num_prefill < 0:
             raise ValueError("a deployment needs a decode node (and no negative prefill count)")
-        self.decode_options  # noqa: B018 -- DecodeOptions validates the policy and timeouts
+        if self.remote_prefill_threshold < 0:
+            raise ValueError("remote_prefill_threshold must be >= 0")
+        self.failover  # noqa: B018 -- checks the policy and the timeouts
 
     @property
-    def decode_options(self) -> DecodeOptions:
-        return DecodeOptions(
-            self.remote_prefill_threshold,
-            self.on_prefill_failure,
-            self.prefill_timeout_s,
-            self.hold_timeout_s,
-        )
+    def failover(self) -> FailoverOptions:
+        return FailoverOptions(self.on_prefill_failure, self.prefill_timeout_s, self.hold_timeout_s)
 
     @property
     def num_devices(self) -> int:
@@ -125,7 +122,7 @@ class Cluster:
         self.decodes: list[SimDecode] = []
         for i in range(config.num_decode):
             node = self._node(SimDecode, f"http://decode-{i}:8000", "decode", config.tp_decode)
-            node.setup_failover(config.decode_options)
+            node.setup_failover(config.failover)
             self.decodes.append(node)
         self.prefills = [self.new_prefill(i) for i in range(config.num_prefill)]
         self.retired: list[SimPrefill] = []  # prefill nodes that died, for their figures

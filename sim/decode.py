@@ -1,6 +1,6 @@
 """A simulated decode node: the real scheduler's remote-prefill decision (threshold, all or
 nothing reservation, destination blocks), continuous-batched decode, and the fail-over
-policy of `DecodeWorker` with its real `DecodeOptions`.
+policy of `DecodeWorker` with `DecodeOptions`' settings (`FailoverOptions`).
 
 As `DecodeWorker` does: a prefill deadline (`prefill_timeout_s`), a failure report or a
 dropped connection moves the request to an untried alternate worker once, then prefills it
@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tandem.decode_node.worker import ABORT_RESEND_S, DecodeOptions
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.scheduler import RemoteHold, SchedulerOutput, remote_hold_key
+from tandem.sim.failover import ABORT_RESEND_S, FailoverOptions
 from tandem.sim.node import SimNode
 
 if TYPE_CHECKING:
@@ -53,9 +53,9 @@ class Stream:
 
 
 class SimDecode(SimNode):
-    options: DecodeOptions
+    options: FailoverOptions
 
-    def setup_failover(self, options: DecodeOptions) -> None:
+    def setup_failover(self, options: FailoverOptions) -> None:
         self.options = options
         self.streams: dict[str, Stream] = {}
         self.down: set[str] = set()  # prefill endpoints whose connection dropped

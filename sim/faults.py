@@ -1,6 +1,6 @@
 """What goes wrong in a simulated run: clients that cancel, prefill workers that die (and
 come back). How the deployment reacts is not modelled here: it is the decode node's real
-fail-over policy (`DecodeOptions`, `ClusterConfig.decode_options`) acting on the real
+fail-over policy (`DecodeWorker`'s, with `ClusterConfig.failover`) acting on the real
 scheduler's `retry_remote`, `finish_requests` and holds.
 
 A worker that dies loses everything: its queue, its KV cache, its writes in flight. Decode

@@ -158,3 +158,23 @@ def test_bad_faults_are_refused():
     )
     with pytest.raises(ValueError, match="there are 1"):
         cluster.run(REQUESTS[:2])
+
+
+def test_the_failover_settings_are_the_decode_nodes():
+    """The simulator's copy of `DecodeOptions` (it imports only the engine and the router)
+    has the real fields, defaults, checks and abort resend period."""
+    import dataclasses
+
+    from tandem.decode_node import worker
+    from tandem.sim import failover
+
+    real = {f.name: f.default for f in dataclasses.fields(worker.DecodeOptions)}
+    real.pop("remote_prefill_threshold")  # ClusterConfig's
+    copy = {f.name: f.default for f in dataclasses.fields(failover.FailoverOptions)}
+    assert copy == real
+    assert failover.ABORT_RESEND_S == worker.ABORT_RESEND_S
+    for bad in ({"on_prefill_failure": "retry"}, {"prefill_timeout_s": 0.0}):
+        with pytest.raises(ValueError):
+            worker.DecodeOptions(**bad)
+        with pytest.raises(ValueError):
+            failover.FailoverOptions(**bad)
