@@ -32,9 +32,10 @@ from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.tiny_model import make_model
 from tandem.sim.calibration import fit_profile
 from tandem.sim.node import step_shape
-from tandem.sim.profiles import DeviceProfile
+from tandem.sim.profiles import PROFILE_DIR, DeviceProfile
 from tandem.sim.shapes import load_shape
 from tandem.sim.step_model import StepShape
+from tandem.sim.transfer_profile import load_transfer_profile
 
 WAVES = (1, 2, 4, 8, 16, 32)  # requests added together: the batch sizes a run goes through
 
@@ -48,6 +49,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--rounds", type=int, default=3, help="timed passes over the waves")
     p.add_argument("--network-latency-ms", type=float, default=0.5, help="one hop, assumed")
+    p.add_argument(
+        "--transfer-profile",
+        default=str(PROFILE_DIR / "transfer" / "cpu.json"),
+        help="KV-link constants (bench/transfer.py --profile-out)",
+    )
     p.add_argument("--out", default=None, help="write the profile here")
     p.add_argument("--smoke", action="store_true", help="tiny model, few steps")
     return p.parse_args()
@@ -117,18 +123,16 @@ def main() -> None:
         source=(
             f"bench/calibrate.py on {describe_host()}, torch {torch.__version__}, "
             f"{args.threads} thread(s), {shape.name} ({shape.num_params / 1e6:.1f}M params, "
-            f"float32), {time.strftime('%Y-%m-%d')}; KV link from bench/transfer.py figures"
+            f"float32), {time.strftime('%Y-%m-%d')}"
         ),
         peak_flops=1.0,
         mem_bandwidth=1.0,
         memory_bytes=16e9,
         dtype_bytes=4,
-        kv_link_bandwidth=4.5e9,  # bench/transfer.py, runs of 16+ blocks, default pages
-        kv_transfer_latency_s=3e-5,  # descriptors + initialize_xfer + release, measured
-        kv_descriptor_s=1e-6,
         network_latency_s=args.network_latency_ms / 1e3,
         host_cores=os.cpu_count() or 1,
     )
+    base = load_transfer_profile(args.transfer_profile).apply(base)
     fit = fit_profile(samples, shape, base)
     print(f"command: python -P bench/calibrate.py {' '.join(sys.argv[1:])}")
     print(f"machine: {describe_host()}, python {platform.python_version()}")

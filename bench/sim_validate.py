@@ -10,9 +10,20 @@ Prompts are the trace's, mapped to token ids as `tandem simulate` maps them; eve
 streams with `ignore_eos`, so both sides produce the trace's output lengths exactly.
 
 With `--fit-requests N` the first N requests of the trace are a calibration slice: replayed
-for real, then the profile's `token_overhead_s` (streaming a token out, which the engine
-timing of bench/calibrate.py does not see) is bisected until the simulated TPOT p50 of that
-slice matches; the validation slice is the `--num-requests` after it, never seen by the fit.
+for real, then the decode node's work outside the model (scheduling, detokenizing,
+streaming the records, which bench/calibrate.py does not time) is the CPU time the decode
+processes spent beyond the simulated engine time (from /proc), charged per decode step
+(`--fit-overhead step`, `step_overhead_s`) or per token (`token_overhead_s`); no latency
+is fitted. The validation slice is the `--num-requests`
+after it, never seen by the fit.
+
+With `--background-load measured` the simulated host also runs the other tenants' work:
+the cores they kept busy during the real validation run (all of /proc/stat's busy time
+less the deployment's and the client's own CPU), as `host_background_load`.
+
+Besides the latencies it prints what the decode nodes measured themselves (their mean
+inter-token latency, their steps) and the CPU seconds of each process of the deployment,
+against the simulated engine time.
 """
 
 from __future__ import annotations
@@ -32,17 +43,19 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.disagg.nodes
 
 from machine import describe_host
 
 from tandem.engine.tiny_model import make_model
 from tandem.sim.cluster import ClusterConfig
-from tandem.sim.profiles import load_profile
+from tandem.sim.profiles import DeviceProfile, load_profile
 from tandem.sim.results import SLO
 from tandem.sim.shapes import load_shape
 from tandem.sim.simulate import simulate
 from tandem.sim.traces import read_trace
 from tandem.sim.workload import SimRequest, fit_lengths, scale_load
+from tests.disagg.nodes import metric_value
 
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
 
@@ -63,6 +76,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--port", type=int, default=18080)
     p.add_argument("--fit-requests", type=int, default=0, help="calibration slice size")
+    p.add_argument(
+        "--fit-overhead", choices=("step", "token"), default="step", help="what the fit charges"
+    )
+    p.add_argument(
+        "--background-load",
+        default="none",
+        help="other tenants' busy cores on this host: a number, 'measured' (during the real "
+        "run, from /proc/stat less the deployment's own CPU) or 'none'",
+    )
     p.add_argument("--out", default=None, help="write both sides' figures as JSON")
     return p.parse_args()
 
@@ -118,31 +140,109 @@ def run_real(args, model: str, slices: list[list[SimRequest]]) -> list[dict[str,
         "--threads", "1",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{args.port}"
-    try:
-        _wait_ready(base, proc, args.prefill + args.decode)
-        # untimed: first steps, and the decode nodes' connections to the prefill workers
-        warm = [SimRequest.of_tokens(f"w{i}", 0.0, [7 + i] * 64, 4) for i in range(8)]
-        asyncio.run(replay(base, warm))
-        return [_figures(requests, *asyncio.run(replay(base, requests))) for requests in slices]
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    # The deployment's log goes to a file: a pipe nobody reads fills up (64 KiB, a few
+    # lines per request from five processes) and blocks the processes that write to it.
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            _wait_ready(f"http://127.0.0.1:{args.port}", proc, log, args.prefill + args.decode)
+            return _replay_slices(f"http://127.0.0.1:{args.port}", proc.pid, slices)
+        except Exception:
+            log.seek(0)
+            print(f"tandem serve's log ends:\n{log.read().decode()[-4000:]}", file=sys.stderr)
+            raise
+        finally:
+            proc.terminate()
+            proc.wait(60)
+
+
+def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list[dict]:
+    # untimed: first steps, and the decode nodes' connections to the prefill workers
+    warm = [SimRequest.of_tokens(f"w{i}", 0.0, [7 + i] * 64, 4) for i in range(8)]
+    asyncio.run(replay(base, warm))
+    out = []
+    for requests in slices:
+        before, cpu_before, host_before = node_counters(base), cpu_seconds(root), host_busy()
+        figures = _figures(requests, *asyncio.run(replay(base, requests)))
+        after, cpu_after, host_after = node_counters(base), cpu_seconds(root), host_busy()
+        figures["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
+        others = host_after - host_before - sum(figures["cpu_s"].values())
+        figures["background_cores"] = max(0.0, others) / figures["duration_s"]
+        gaps = after["itl_count"] - before["itl_count"]
+        figures["node_itl_mean"] = (after["itl_sum"] - before["itl_sum"]) / max(gaps, 1)
+        figures["decode_steps"] = after["steps"] - before["steps"]
+        out.append(figures)
+    return out
 
 
 def _figures(requests: list[SimRequest], results: list[dict], duration: float) -> dict:
     assert all(r["tokens"] == q.num_output_tokens for r, q in zip(results, requests))
-    tpot = [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in results if r["tokens"] > 1]
-    return figures([r["ttft"] for r in results], tpot, duration, len(results))
+    later = [r for r in results if r["tokens"] > 1]
+    tpot = [(r["e2e"] - r["ttft"]) / (r["tokens"] - 1) for r in later]
+    out = figures([r["ttft"] for r in results], tpot, duration, len(results))
+    out["duration_s"] = duration
+    out["tpot_token_mean"] = sum(r["e2e"] - r["ttft"] for r in later) / sum(
+        r["tokens"] - 1 for r in later
+    )
+    return out
 
 
-def _wait_ready(base: str, proc: subprocess.Popen, num_workers: int) -> None:
+def host_busy() -> float:
+    """CPU seconds every core of the host has been busy so far (/proc/stat: user, nice,
+    system, irq, softirq, steal)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(root: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of `root`'s process tree by role (router, decode,
+    prefill, supervisor) and of this process (the client), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[int, float]] = {}  # pid -> (parent, cpu seconds)
+    for d in Path("/proc").iterdir():
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split() if d.name.isdigit() else []
+        except OSError:
+            continue
+        if fields:  # after the command: state, ppid, ..., utime (12th), stime (13th)
+            procs[int(d.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    out: dict[str, float] = {"client": sum(os.times()[:2])}
+    tree, frontier = set(), {root}
+    while frontier:
+        tree |= frontier
+        frontier = {pid for pid, (parent, _) in procs.items() if parent in frontier} - tree
+    for pid in tree & procs.keys():
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        role = next((r for r in ("router", "decode", "prefill") if f"tandem.{r}" in cmd), "serve")
+        out[role] = out.get(role, 0.0) + procs[pid][1]
+    return out
+
+
+def node_counters(base: str) -> dict[str, float]:
+    """Summed over the decode nodes: their inter-token latency histogram (sum, count) and
+    their engine steps (`tandem_iteration_tokens_total` observations)."""
+    out = {"itl_sum": 0.0, "itl_count": 0.0, "steps": 0.0}
+    for w in _entries(httpx.get(f"{base}/workers", timeout=10).json()):
+        if w["role"] != "decode":
+            continue
+        text = httpx.get(w["metrics_url"], timeout=10).text
+        out["itl_sum"] += metric_value(text, "tandem_inter_token_latency_seconds_sum")
+        out["itl_count"] += metric_value(text, "tandem_inter_token_latency_seconds_count")
+        out["steps"] += metric_value(text, "tandem_iteration_tokens_total_count")
+    return out
+
+
+def _wait_ready(base: str, proc: subprocess.Popen, log, num_workers: int) -> None:
     """Until the router sees every worker healthy."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"tandem serve exited: {proc.stderr.read().decode()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"tandem serve exited: {log.read().decode()[-2000:]}")
         try:
             workers = httpx.get(f"{base}/workers", timeout=2).json()
             if sum(1 for w in _entries(workers) if w.get("healthy")) == num_workers:
@@ -173,20 +273,29 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
         "tpot_p50": s["tpot_s"]["p50"],
         "tpot_p90": s["tpot_s"]["p90"],
         "throughput_rps": s["throughput_rps"],
+        "tpot_token_mean": s["tpot_token_mean_s"],
+        "decode_steps": s["pools"]["decode"]["steps"],
+        "busy_s": {
+            role: s["pools"][role]["busy_mean"] * s["pools"][role]["nodes"] * s["duration_s"]
+            for role in ("decode", "prefill")
+            if s["pools"][role]["nodes"]
+        },
     }
 
 
-def fit_token_overhead(args, model: str, profile, requests, real_tpot: float):
-    """Bisect `token_overhead_s` in [0, 50 ms] until the simulated TPOT p50 matches."""
-    lo, hi = 0.0, 0.05
-    for _ in range(12):
-        mid = (lo + hi) / 2
-        trial = dataclasses.replace(profile, token_overhead_s=mid)
-        if run_sim(args, model, trial, requests)["tpot_p50"] < real_tpot:
-            lo = mid
-        else:
-            hi = mid
-    return dataclasses.replace(profile, token_overhead_s=(lo + hi) / 2)
+def fit_overhead(args, model: str, profile, requests, real: dict) -> DeviceProfile:
+    """The decode node's work outside the model (scheduling, detokenizing, streaming the
+    records, which bench/calibrate.py does not time) from CPU accounting on a calibration
+    slice: the CPU seconds the decode processes spent beyond the simulated engine time (on
+    unshared cores), per step they ran (`step_overhead_s`) or per token they produced
+    (`token_overhead_s`), as `--fit-overhead` says. No latency is fitted."""
+    alone = dataclasses.replace(profile, token_overhead_s=0.0, step_overhead_s=0.0, host_cores=0)
+    engine_s = run_sim(args, model, alone, requests)["busy_s"]["decode"]
+    extra = max(0.0, real["cpu_s"].get("decode", 0.0) - engine_s)
+    if args.fit_overhead == "step":
+        return dataclasses.replace(profile, step_overhead_s=extra / max(real["decode_steps"], 1))
+    tokens = sum(r.num_output_tokens - 1 for r in requests)  # the first comes from prefill
+    return dataclasses.replace(profile, token_overhead_s=extra / max(tokens, 1))
 
 
 def _slice(trace: list[SimRequest], start: int, n: int) -> list[SimRequest]:
@@ -207,25 +316,56 @@ def main() -> None:
         trace = fit_lengths(scale_load(trace, args.time_scale), args.max_model_len)
         fit_slice = _slice(trace, 0, args.fit_requests) if args.fit_requests else []
         requests = _slice(trace, args.fit_requests, args.num_requests)
+        load_before = os.getloadavg()
+        if args.background_load not in ("measured", "none"):
+            profile = dataclasses.replace(profile, host_background_load=float(args.background_load))
         reals = run_real(args, model, [s for s in (fit_slice, requests) if s])
+        load_after = os.getloadavg()
         if fit_slice:
-            profile = fit_token_overhead(args, model, profile, fit_slice, reals[0]["tpot_p50"])
+            profile = fit_overhead(args, model, profile, fit_slice, reals[0])
         real = reals[-1]
+        if args.background_load == "measured":  # the other tenants, during the real run
+            profile = dataclasses.replace(profile, host_background_load=real["background_cores"])
         sim = run_sim(args, model, profile, requests)
     print(f"command: python -P bench/sim_validate.py {' '.join(sys.argv[1:])}")
     print(f"machine: {describe_host()}")
+    print(
+        "load average (1, 5, 15 min) before the real run: "
+        f"{', '.join(f'{x:.2f}' for x in load_before)}; after: "
+        f"{', '.join(f'{x:.2f}' for x in load_after)}"
+    )
     if fit_slice:
-        print(f"fitted on requests 0-{args.fit_requests - 1}: token_overhead_s "
-              f"{1e3 * profile.token_overhead_s:.3f} ms")  # fmt: skip
+        print(
+            f"fitted on requests 0-{args.fit_requests - 1} (decode CPU beyond the engine "
+            f"model, per {args.fit_overhead}): step_overhead_s "
+            f"{1e3 * profile.step_overhead_s:.3f} ms, token_overhead_s "
+            f"{1e3 * profile.token_overhead_s:.3f} ms"
+        )
+    print(f"host_background_load {profile.host_background_load:.2f}")
     print(f"validation: requests {args.fit_requests}-{total - 1}, prompt tokens "
           f"{sum(r.num_prompt_tokens for r in requests)}, output tokens "
           f"{sum(r.num_output_tokens for r in requests)}")  # fmt: skip
     print("| figure | real | simulated | error |")
     print("| --- | ---: | ---: | ---: |")
-    for key in real:
+    for key in sim:
+        if key == "busy_s":
+            continue
         err = (sim[key] - real[key]) / real[key]
-        unit = 1e3 if key != "throughput_rps" else 1.0
+        unit = 1.0 if key in ("throughput_rps", "decode_steps") else 1e3
         print(f"| {key} | {unit * real[key]:.2f} | {unit * sim[key]:.2f} | {100 * err:+.1f}% |")
+    print(
+        f"the decode nodes' own mean inter-token latency: {1e3 * real['node_itl_mean']:.2f} ms "
+        f"(the client's token mean {1e3 * real['tpot_token_mean']:.2f} ms, simulated "
+        f"{1e3 * sim['tpot_token_mean']:.2f} ms)"
+    )
+    cpu = real["cpu_s"]
+    print(
+        f"CPU seconds during the real run ({real['duration_s']:.1f} s, "
+        f"{sum(cpu.values()) / real['duration_s']:.2f} cores busy): "
+        + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
+        + "; simulated engine time: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in sim["busy_s"].items())
+    )
     if args.out:
         Path(args.out).write_text(json.dumps({"real": real, "sim": sim}, indent=2))
 

@@ -2,11 +2,15 @@
 
 1. NIXL WRITE throughput between two processes (UCX, host memory here, GPU memory where
    there is one) for runs of 1 to 512 adjacent blocks, against a plain in-process copy of
-   the same bytes (`dst[ids] = src[ids]` on the same device).
+   the same bytes (`dst[ids] = src[ids]` on the same device); and the same blocks written
+   scattered (into reversed destinations: one descriptor per block). `--profile-out FILE`
+   fits the simulator's KV-link constants (per write, per descriptor, bytes/s) to these
+   writes and saves them as a transfer profile (`tandem simulate --transfer-profile FILE`).
 2. Time to first token of one disaggregated request through real prefill and decode node
    processes, broken into queue, remote prefill, transfer and the first decode step.
 
     python -P bench/transfer.py [--block-kib 2048] [--skip-ttft] [--smoke] [--hugepages]
+        [--profile-out FILE]
 
 `--hugepages` puts the host buffers (both agents' and the copy's) on the kernel's reserved
 huge pages, as `--kv-hugepages` does for a node's KV pool.
@@ -28,9 +32,13 @@ import httpx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.disagg.nodes
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # for machine
+
+from machine import describe_host  # bench/machine.py
 
 from tandem.engine.host_memory import huge_page_bytes, hugepage_zeros
 from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.sim.transfer_profile import TransferPoint, fit_transfer
 from tests.disagg.nodes import Node, start_all
 
 RUNS = (1, 4, 16, 64, 128, 512)
@@ -103,14 +111,23 @@ def bench_throughput(
                 pass
             assert t.state == "DONE", t.state
 
+        def scattered(ids=ids) -> None:
+            t = agent.write_blocks(info.name, ids, ids[::-1])  # no run: a descriptor per block
+            while agent.poll(t) == "PROC":
+                pass
+            assert t.state == "DONE" and t.num_descs == len(ids), (t.state, t.num_descs)
+
         def copy(n=n) -> None:
             local[:n].copy_(src[:n])
             if device == "cuda":
                 torch.cuda.synchronize()
 
         nixl_s, copy_s = _time_pair(write, copy, repeat)
+        scattered_s, _ = _time_pair(scattered, copy, repeat)
         gb = n * block_bytes / 1e9
-        rows.append((n, n * block_bytes, nixl_s, gb / nixl_s, gb / copy_s, copy_s / nixl_s))
+        rows.append(
+            (n, n * block_bytes, nixl_s, gb / nixl_s, gb / copy_s, copy_s / nixl_s, scattered_s)
+        )
     here.send("done")
     proc.join(10)
     return rows
@@ -150,6 +167,25 @@ def bench_ttft(model: Path, repeat: int) -> list[dict]:
         d.stop()
 
 
+def write_profile(rows: list[tuple], path: str, machine: str) -> None:
+    """Fit the simulator's KV-link constants to the contiguous and scattered writes."""
+    points = []
+    for n, size, nixl_s, *_, scattered_s in rows:
+        points.append(TransferPoint(n, 1, size, nixl_s))
+        if n > 1:
+            points.append(TransferPoint(n, n, size, scattered_s))
+    command = f"python {' '.join(sys.argv)}"
+    source = f"{command} on {machine}, {time.strftime('%Y-%m-%d', time.gmtime())}"
+    fit = fit_transfer(points, source)
+    fit.save(path)
+    print(
+        f"\nfitted KV link: {fit.kv_link_bandwidth / 1e9:.2f} GB/s, "
+        f"{fit.kv_transfer_latency_s * 1e6:.1f} us per write, "
+        f"{fit.kv_descriptor_s * 1e6:.2f} us per descriptor "
+        f"(median error {100 * fit.median_rel_error:.1f}% over {len(points)} writes) -> {path}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -170,6 +206,9 @@ def main() -> None:
         action="store_true",
         help="host buffers on reserved huge pages (3 x the largest run: sysctl vm.nr_hugepages)",
     )
+    parser.add_argument(
+        "--profile-out", default=None, help="fit the KV-link constants and write them here"
+    )
     args = parser.parse_args()
     if args.hugepages and args.device != "cpu":
         parser.error("--hugepages is for host buffers (--device cpu)")
@@ -188,15 +227,16 @@ def main() -> None:
         f"\nNIXL WRITE between two processes vs in-process copy, {args.block_kib} KiB blocks, "
         f"host buffers on {pages}"
     )
-    print("| blocks | bytes | NIXL ms | NIXL GB/s | copy GB/s | NIXL/copy |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for n, size, nixl_s, nixl_bw, copy_bw, ratio in bench_throughput(
-        block_bytes, args.device, args.repeat, runs, args.hugepages
-    ):
+    print("| blocks | bytes | NIXL ms | NIXL GB/s | copy GB/s | NIXL/copy | scattered ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    rows = bench_throughput(block_bytes, args.device, args.repeat, runs, args.hugepages)
+    for n, size, nixl_s, nixl_bw, copy_bw, ratio, scattered_s in rows:
         print(
             f"| {n} | {size / 2**20:g} MiB | {nixl_s * 1e3:.2f} | {nixl_bw:.2f} | {copy_bw:.2f} "
-            f"| {ratio:.0%} |"
+            f"| {ratio:.0%} | {scattered_s * 1e3:.2f} |"
         )
+    if args.profile_out:
+        write_profile(rows, args.profile_out, f"{describe_host()}, {args.device}, {pages}")
     if args.skip_ttft:
         return
     model = args.model

@@ -9,6 +9,7 @@ from tandem.sim.profiles import DeviceProfile, load_profile
 from tandem.sim.results import SLO
 from tandem.sim.shapes import ModelShape, load_shape
 from tandem.sim.traces import read_trace
+from tandem.sim.transfer_profile import load_transfer_profile
 from tandem.sim.workload import SimRequest, scale_load, synthetic
 
 
@@ -28,6 +29,12 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--device", default="h100", help="device profile: h100, h200, cpu, or a profile JSON file"
+    )
+    parser.add_argument(
+        "--transfer-profile",
+        default=None,
+        help="KV-link constants fitted by bench/transfer.py --profile-out (default: the "
+        "device profile's)",
     )
     w = parser.add_argument_group("workload")
     w.add_argument(
@@ -52,9 +59,12 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 def model_and_device(args: argparse.Namespace) -> tuple[ModelShape, DeviceProfile]:
     try:
-        return load_shape(args.model), load_profile(args.device)
+        shape, profile = load_shape(args.model), load_profile(args.device)
+        if args.transfer_profile:
+            profile = load_transfer_profile(args.transfer_profile).apply(profile)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from exc
+    return shape, profile
 
 
 def workload(args: argparse.Namespace, vocab_size: int) -> list[SimRequest]:

@@ -8,6 +8,7 @@ import json
 
 from tandem.sim.args import add_common_arguments, model_and_device, slo, workload
 from tandem.sim.cluster import ClusterConfig
+from tandem.sim.faults import Faults, PrefillOutage
 from tandem.sim.simulate import sweep
 
 
@@ -25,6 +26,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--max-num-batched-tokens", type=int, default=2048)
     d.add_argument("--max-num-seqs", type=int, default=256)
     d.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+    f = parser.add_argument_group("failures")
+    f.add_argument(
+        "--on-prefill-failure", default="recompute", choices=("recompute", "fail"),
+        help="decode nodes' policy after a failed remote prefill and its one retry",
+    )  # fmt: skip
+    f.add_argument("--prefill-timeout", type=float, default=30.0, help="seconds per attempt")
+    f.add_argument(
+        "--hold-timeout",
+        type=float,
+        default=120.0,
+        help="seconds an abandoned "
+        "attempt's blocks stay held without the prefill worker's confirmation",
+    )
+    f.add_argument("--abort-share", type=float, default=0.0, help="share of clients that cancel")
+    f.add_argument("--abort-after", type=float, default=1.0, help="seconds after arrival")
+    f.add_argument(
+        "--kill-prefill", action="append", default=[], metavar="I@T[+R]",
+        help="prefill worker I dies at T simulated seconds (restarting R seconds later)",
+    )  # fmt: skip
     parser.add_argument(
         "--load-factors", default="1", help="comma-separated load factors to sweep, e.g. 0.5,1,2"
     )
@@ -46,7 +66,18 @@ def cluster_config(args: argparse.Namespace, max_model_len: int) -> ClusterConfi
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.max_model_len or max_model_len,
+            on_prefill_failure=args.on_prefill_failure,
+            prefill_timeout_s=args.prefill_timeout,
+            hold_timeout_s=args.hold_timeout,
         )
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from exc
+
+
+def faults(args: argparse.Namespace) -> Faults:
+    try:
+        outages = tuple(PrefillOutage.parse(text) for text in args.kill_prefill)
+        return Faults(args.abort_share, args.abort_after, outages, args.seed)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from exc
 
@@ -60,7 +91,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: --load-factors: {exc}") from exc
     requests = workload(args, shape.vocab_size)
     try:
-        result = sweep(config, shape, profile, requests, slo(args), factors)
+        result = sweep(config, shape, profile, requests, slo(args), factors, faults(args))
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from exc
     for r in result["runs"]:
@@ -85,7 +116,19 @@ def _line(r: dict) -> str:
         f"reused prompt tokens {100 * (pc['reused_token_share'] or 0):.1f}%; "
         f"KV moved {r['kv_transfer']['bytes'] / 1e9:.2f} GB; "
         f"decode busy {100 * pools['decode']['busy_mean']:.0f}%; "
-        f"simulated in {r['wall_s']:.1f} s"
+        f"simulated in {r['wall_s']:.1f} s" + _failure_line(r["failures"])
+    )
+
+
+def _failure_line(f: dict) -> str:
+    if not (f["aborted"] or f["errors"] or f["fallbacks"] or f["prefill_deaths"]):
+        return ""
+    reasons = ", ".join(f"{k} {v}" for k, v in f["fallbacks"].items()) or "none"
+    return (
+        f"\n  failures: {f['aborted']} aborted, {f['errors']} failed, fall-backs {reasons} "
+        f"({f['recomputed_locally']} recomputed locally), {f['prefill_deaths']} prefill "
+        f"deaths, {f['prefill_restarts']} restarts, {f['hold_timeouts']} hold timeouts, "
+        f"{f['held_blocks_at_end']} blocks held at the end"
     )
 
 

@@ -4,7 +4,7 @@ between them, and the requests of a workload from arrival to last token."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.engine.block_hash import hash_blocks
@@ -15,10 +15,13 @@ from tandem.router.preprocess import Prompt
 from tandem.router.workers import WorkerAddress, WorkerState
 from tandem.sim.decode import SimDecode
 from tandem.sim.events import EventQueue
+from tandem.sim.failover import FailoverOptions
+from tandem.sim.faults import Faults
 from tandem.sim.node import SimNode
+from tandem.sim.outages import Outages
 from tandem.sim.prefill import SimPrefill
 from tandem.sim.profiles import DeviceProfile
-from tandem.sim.router import ZMQ_PORT, SimRouter
+from tandem.sim.router import SimRouter, prefill_index, prefill_url
 from tandem.sim.shapes import ModelShape
 from tandem.sim.step_model import StepTimeModel
 from tandem.sim.transfer_model import TransferModel
@@ -29,7 +32,8 @@ from tandem.sim.workload import SimRequest
 class ClusterConfig:
     """The deployment: pool sizes and TP per role, routing, the remote-prefill threshold,
     and each node's engine limits. `num_prefill == 0` is an aggregated deployment (decode
-    nodes prefill everything themselves). `num_kv_blocks` None: as many as fit the device."""
+    nodes prefill everything themselves). `num_kv_blocks` None: as many as fit the device.
+    The decode nodes' fail-over settings are `DecodeOptions`' (`failover`)."""
 
     num_prefill: int = 1
     num_decode: int = 1
@@ -42,12 +46,20 @@ class ClusterConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int = 8192
+    on_prefill_failure: str = "recompute"  # or "fail"
+    prefill_timeout_s: float = 30.0
+    hold_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.num_decode < 1 or self.num_prefill < 0:
             raise ValueError("a deployment needs a decode node (and no negative prefill count)")
         if self.remote_prefill_threshold < 0:
             raise ValueError("remote_prefill_threshold must be >= 0")
+        self.failover  # noqa: B018 -- checks the policy and the timeouts
+
+    @property
+    def failover(self) -> FailoverOptions:
+        return FailoverOptions(self.on_prefill_failure, self.prefill_timeout_s, self.hold_timeout_s)
 
     @property
     def num_devices(self) -> int:
@@ -71,6 +83,9 @@ class RequestRecord:
     num_cached_tokens: int = 0  # the decode node's prefix-cache hit
     num_prefill_cached_tokens: int = 0  # the prefill worker's own hit (remote only)
     num_preemptions: int = 0
+    outcome: str | None = None  # "finished", "aborted" (by the client) or "error"
+    ended_s: float | None = None  # when the client saw the end (any outcome)
+    fallbacks: list[str] = field(default_factory=list)  # reasons, one per failed attempt
 
 
 @dataclass
@@ -82,44 +97,57 @@ class _Live:
 
 
 class Cluster:
+    """Owns the event queue, the nodes and the router; `faults` says what goes wrong."""
+
     def __init__(
-        self, config: ClusterConfig, shape: ModelShape, profile: DeviceProfile, seed: int = 0
+        self,
+        config: ClusterConfig,
+        shape: ModelShape,
+        profile: DeviceProfile,
+        seed: int = 0,
+        faults: Faults | None = None,
     ) -> None:
         self.config = config
         self.shape = shape
         self.profile = profile
+        self.faults = faults or Faults()
         self.events = EventQueue()
         self.num_stepping = 0  # nodes in the middle of a step
+        self.num_hold_timeouts = 0  # holds released by their deadline, not a confirmation
         self.records: dict[str, RequestRecord] = {}
         self._live: dict[str, _Live] = {}
-        sched = SchedulerConfig(
+        self._sched = SchedulerConfig(
             config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len
         )
-        self.decodes = [
-            self._node(SimDecode, f"http://decode-{i}:8000", "decode", sched, config.tp_decode)
-            for i in range(config.num_decode)
-        ]
-        self.prefills = [
-            self._node(SimPrefill, f"http://prefill-{i}:8000", "prefill", sched, config.tp_prefill)
-            for i in range(config.num_prefill)
-        ]
-        for p in self.prefills:
-            p.setup_transfers(TransferModel(shape, profile, config.block_size, config.tp_prefill))
+        self.decodes: list[SimDecode] = []
+        for i in range(config.num_decode):
+            node = self._node(SimDecode, f"http://decode-{i}:8000", "decode", config.tp_decode)
+            node.setup_failover(config.failover)
+            self.decodes.append(node)
+        self.prefills = [self.new_prefill(i) for i in range(config.num_prefill)]
+        self.retired: list[SimPrefill] = []  # prefill nodes that died, for their figures
         self.nodes: dict[str, SimNode] = {n.url: n for n in (*self.decodes, *self.prefills)}
-        self._by_endpoint = {
-            f"tcp://prefill-{i}:{ZMQ_PORT}": p for i, p in enumerate(self.prefills)
-        }
         addresses = [WorkerAddress(url, n.role) for url, n in self.nodes.items()]
+        agents = [n.agent for n in self.nodes.values()]
         self.router = SimRouter(
-            config.policy, config.block_size, addresses, self._snapshot, self.send
+            config.policy, config.block_size, addresses, agents, self._snapshot, self.send
         )
+        self.outages = Outages(self)
 
-    def _node(self, cls: type, url: str, role: str, sched: SchedulerConfig, tp: int) -> Any:
+    def _node(self, cls: type, url: str, role: str, tp: int) -> Any:
         model = StepTimeModel(self.shape, self.profile, tp)
         c = self.config
         num_blocks = c.num_kv_blocks or model.kv_blocks_per_device(c.block_size)
         threshold = c.remote_prefill_threshold if role == "decode" else 0
-        return cls(self, url, role, sched, c.block_size, num_blocks, model, threshold)
+        return cls(self, url, role, self._sched, c.block_size, num_blocks, model, threshold)
+
+    def new_prefill(self, index: int) -> SimPrefill:
+        """A fresh prefill node `index` (empty cache, no jobs)."""
+        c = self.config
+        node = self._node(SimPrefill, prefill_url(index), "prefill", c.tp_prefill)
+        transfer = TransferModel(self.shape, self.profile, c.block_size, c.tp_prefill, c.tp_decode)
+        node.setup_transfers(transfer)
+        return node
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -128,23 +156,38 @@ class Cluster:
         self.events.after(self.profile.network_latency_s, callback, *args)
 
     def contention(self) -> float:
-        """How much longer a step starting now takes on shared host cores (1: no sharing)."""
-        cores = self.profile.host_cores
-        return max(1.0, self.num_stepping / cores) if cores else 1.0
+        """How much longer a step starting now takes on shared host cores (1: no sharing):
+        the nodes stepping and the other tenants' runnable threads share `host_cores`."""
+        p = self.profile
+        if not p.host_cores:
+            return 1.0
+        return max(1.0, (self.num_stepping + p.host_background_load) / p.host_cores)
 
-    def prefill_at(self, endpoint: str | None) -> SimPrefill:
-        return self._by_endpoint[endpoint]
+    def prefill_at(self, endpoint: str) -> SimPrefill:
+        """The node at a prefill endpoint now (dead if it died and has not restarted)."""
+        return self.prefills[prefill_index(endpoint)]
 
-    def _snapshot(self, url: str) -> tuple[str, int, list[int]]:
+    def _snapshot(self, url: str) -> tuple[str, int, list[int]] | None:
         node = self.nodes[url]
+        if node.dead:
+            return None  # GET /kv/snapshot fails
         return node.agent, node.seq, list(node.kv.pool.cached)
+
+    @property
+    def all_prefills(self) -> list[SimPrefill]:
+        return [*self.prefills, *self.retired]
 
     # -- a request's life -----------------------------------------------------------------
 
     def run(self, requests: Sequence[SimRequest]) -> list[RequestRecord]:
         """Simulate the workload to the end; the records in arrival order."""
-        for r in sorted(requests, key=lambda r: r.arrival_s):
+        ordered = sorted(requests, key=lambda r: r.arrival_s)
+        aborted = self.faults.aborted([r.request_id for r in ordered])
+        for r in ordered:
             self.events.at(r.arrival_s, self._arrive, r)
+            if r.request_id in aborted:
+                self.events.at(r.arrival_s + self.faults.abort_after_s, self._abort, r.request_id)
+        self.outages.schedule(self.faults.outages)
         self.events.run()
         return sorted(self.records.values(), key=lambda r: r.arrival_s)
 
@@ -163,7 +206,19 @@ class Cluster:
         )
         request.block_hashes = hashes  # what the node's KV manager computes from the tokens
         request.prefill_worker = route.prefill.endpoint if route.prefill else None
-        self.send(self.nodes[route.decode.url].add, request)
+        alternates = [p.endpoint for p in route.alternates if p.endpoint]
+        node: SimDecode = self.nodes[route.decode.url]
+        self.send(node.deliver, node.add_stream, request, alternates)
+
+    def _abort(self, request_id: str) -> None:
+        """The client goes away: the router stops counting the request and tells its decode
+        node (`POST /abort`), unless it has ended."""
+        live = self._live.get(request_id)
+        if live is None:
+            return
+        self._end(live, "aborted", self.events.now)
+        node: SimDecode = self.nodes[live.record.decode]
+        self.send(node.deliver, node.abort, request_id)
 
     def on_admitted(self, request: Request, remote: bool) -> None:
         record = self.records[request.request_id]
@@ -172,12 +227,20 @@ class Cluster:
             record.remote = remote
             record.num_cached_tokens = request.num_cached_tokens
 
+    def on_fallback(self, request_id: str, reason: str, local: bool) -> None:
+        record = self.records[request_id]
+        record.fallbacks.append(reason)
+        if local:
+            record.remote = False
+
     def on_prefilled(self, request_id: str, num_cached_tokens: int) -> None:
         self.records[request_id].num_prefill_cached_tokens = num_cached_tokens
 
     def on_token(self, request: Request) -> None:
         """A token reached the client one hop after the decode node made it."""
-        live = self._live[request.request_id]
+        live = self._live.get(request.request_id)
+        if live is None:
+            return  # the client has gone
         record, now = live.record, self.events.now + self.profile.network_latency_s
         live.tokens += 1
         if record.first_token_s is None:
@@ -187,10 +250,30 @@ class Cluster:
         if request.is_finished:
             record.finish_s = now
             record.num_preemptions = request.num_preemptions
-            live.decode.inflight -= 1
-            del self._live[request.request_id]
+            self._end(live, "finished", now)
+
+    def on_end(self, request_id: str, outcome: str) -> None:
+        """The decode node ended the request without finishing it (`error`, or the abort
+        the client asked for)."""
+        live = self._live.get(request_id)
+        if live is not None:
+            self._end(live, outcome, self.events.now + self.profile.network_latency_s)
+
+    def _end(self, live: _Live, outcome: str, now: float) -> None:
+        """The router's view: the request is over, its in-flight counts go."""
+        live.record.outcome, live.record.ended_s = outcome, now
+        live.decode.inflight -= 1
+        if live.record.first_token_s is None and live.prefill is not None:
+            live.prefill.inflight -= 1
+        del self._live[live.record.request_id]
 
     def check_integrity(self) -> None:
-        """Every node's KV invariants (AssertionError on a violation)."""
+        """Every live node's KV invariants (AssertionError on a violation)."""
         for node in self.nodes.values():
-            node.kv.check_integrity()
+            if not node.dead:
+                node.kv.check_integrity()
+
+    @property
+    def num_held_blocks(self) -> int:
+        """Blocks that live nodes still hold for transfers (0 once every hold resolved)."""
+        return sum(n.kv.num_held_blocks for n in self.nodes.values() if not n.dead)

@@ -3,13 +3,15 @@ simulated time. The model is the only stand-in: a step takes the step-time model
 samples a fixed token for every request whose computed tokens reach its end.
 
 The loop mirrors a node's engine thread (`decode_node/server.py`, `prefill_node/server.py`):
-schedule, run the step, update from its output, publish KV events and load. Subclasses add
-what the role does around the step.
+schedule, run the step, update from its output, publish KV events and load. Messages
+(`deliver`) are handled between steps, as the loop reads its sockets between steps: one that
+arrives during a step waits for its end. Subclasses add what the role does around the step.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tandem.engine.config import SchedulerConfig
 from tandem.engine.kv_cache_manager import KVCacheManager
@@ -53,6 +55,17 @@ class SimNode:
         self.busy_s = 0.0
         self.kv_usage_s = 0.0  # KV usage at each step's start, times the step's duration
         self.num_steps = 0
+        self.dead = False  # a killed node ignores its pending events and messages
+        self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    def deliver(self, handler: Callable[..., None], *args: Any) -> None:
+        """A message arrived: `handler(*args)` now, or after the step in progress."""
+        if self.dead:
+            return
+        if self.stepping:
+            self._inbox.append((handler, args))
+        else:
+            handler(*args)
 
     def add(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -66,8 +79,9 @@ class SimNode:
 
     def _step(self) -> None:
         self._poked = False
-        if self.stepping:
+        if self.stepping or self.dead:
             return
+        self.before_schedule()
         out = self.scheduler.schedule()
         self.before_run(out)
         if out.is_empty:
@@ -82,6 +96,8 @@ class SimNode:
         self.cluster.events.after(duration, self._end_step, out)
 
     def _end_step(self, out: SchedulerOutput) -> None:
+        if self.dead:
+            return  # the cluster stopped counting its step when it died
         sampled = [
             SAMPLED_TOKEN if r.num_computed_tokens + n >= r.num_tokens else None
             for r, n in zip(out.scheduled, out.num_scheduled_tokens)
@@ -92,6 +108,9 @@ class SimNode:
         self.after_update(out, sampled, finished)
         self.stepping = False
         self.cluster.num_stepping -= 1
+        inbox, self._inbox = self._inbox, []
+        for handler, args in inbox:
+            handler(*args)
         self.publish()
         self._step()
 
@@ -114,6 +133,9 @@ class SimNode:
         self.cluster.send(self.cluster.router.on_kv_events, self.url, batch)
 
     # -- what each role adds ------------------------------------------------------------
+
+    def before_schedule(self) -> None:
+        """At the start of a step, before the scheduler plans it."""
 
     def before_run(self, out: SchedulerOutput) -> None:
         """After scheduling, before the step runs."""

@@ -1,8 +1,9 @@
 """`tandem plan`'s search: the cheapest deployment (fewest devices) that meets the SLOs on a
 workload, found by simulating candidates in order of cost.
 
-A candidate is a TP size (the same for both pools), a prefill:decode split of the devices
-(no prefill pool: aggregated) and, when disaggregated, a remote-prefill threshold. It meets
+A candidate is a prefill:decode split of the devices (no prefill pool: aggregated), a TP
+size for each pool (they may differ: prefill TP 1 beside decode TP 2 is a layout of its own,
+design §4's per-rank transfer) and, when disaggregated, a remote-prefill threshold. It meets
 the SLOs when at least `attainment` of its requests have TTFT and TPOT under the targets
 (and all of them finished). Candidates of one device count are all simulated, the one with
 the highest goodput wins; the search stops at the first device count with a winner.
@@ -26,10 +27,22 @@ from tandem.sim.workload import SimRequest
 
 @dataclass(frozen=True)
 class SearchSpace:
+    """`tp_sizes`: both pools' TP sizes, unless `tp_prefill` or `tp_decode` narrows one."""
+
     tp_sizes: tuple[int, ...] = (1, 2, 4, 8)
     thresholds: tuple[int, ...] = (0, 512, 2048)
     max_devices: int = 16
     attainment: float = 0.9
+    tp_prefill: tuple[int, ...] | None = None
+    tp_decode: tuple[int, ...] | None = None
+
+    @property
+    def prefill_sizes(self) -> tuple[int, ...]:
+        return self.tp_prefill or self.tp_sizes
+
+    @property
+    def decode_sizes(self) -> tuple[int, ...]:
+        return self.tp_decode or self.tp_sizes
 
 
 @dataclass(frozen=True)
@@ -43,21 +56,26 @@ class Candidate:
 
 
 def candidates(base: ClusterConfig, space: SearchSpace, devices: int) -> Iterator[ClusterConfig]:
-    """Every configuration of exactly `devices` devices in the space."""
-    for tp in space.tp_sizes:
-        if devices % tp:
-            continue
-        nodes = devices // tp
-        for num_prefill in range(nodes):
-            common = replace(
-                base, num_prefill=num_prefill, num_decode=nodes - num_prefill,
-                tp_prefill=tp, tp_decode=tp,
+    """Every configuration of exactly `devices` devices in the space: aggregated for each
+    decode TP, then for each (prefill TP, decode TP) every split and threshold."""
+    for tp_d in space.decode_sizes:
+        if devices % tp_d == 0:
+            yield replace(
+                base, num_prefill=0, num_decode=devices // tp_d, tp_prefill=1, tp_decode=tp_d,
+                remote_prefill_threshold=0,
             )  # fmt: skip
-            if num_prefill == 0:
-                yield replace(common, remote_prefill_threshold=0)
-                continue
-            for threshold in space.thresholds:
-                yield replace(common, remote_prefill_threshold=threshold)
+    for tp_p in space.prefill_sizes:
+        for tp_d in space.decode_sizes:
+            for num_prefill in range(1, devices // tp_p + 1):
+                rest = devices - num_prefill * tp_p
+                if rest < tp_d or rest % tp_d:
+                    continue
+                common = replace(
+                    base, num_prefill=num_prefill, num_decode=rest // tp_d,
+                    tp_prefill=tp_p, tp_decode=tp_d,
+                )  # fmt: skip
+                for threshold in space.thresholds:
+                    yield replace(common, remote_prefill_threshold=threshold)
 
 
 def evaluate(
@@ -107,8 +125,8 @@ def search(
 def describe(c: Candidate) -> str:
     cfg, s = c.config, c.summary
     layout = (
-        f"{cfg.num_prefill}P+{cfg.num_decode}D TP{cfg.tp_decode} threshold "
-        f"{cfg.remote_prefill_threshold}"
+        f"{cfg.num_prefill}P TP{cfg.tp_prefill} + {cfg.num_decode}D TP{cfg.tp_decode}, "
+        f"threshold {cfg.remote_prefill_threshold}"
         if cfg.num_prefill
         else f"aggregated {cfg.num_decode}x TP{cfg.tp_decode}"
     )

@@ -10,6 +10,12 @@ from tandem.sim.cluster import ClusterConfig
 from tandem.sim.plan import SearchSpace, deployment_yaml, describe, search
 from tandem.sim.workload import scale_load
 
+TP_BESIDE_PREFILL_NOTE = (
+    "until the LLMDeployment CRD lifts its rule, the operator refuses tensorParallelSize "
+    "above 1 beside prefill pods; the engine's per-rank KV transfer between prefill and "
+    "decode of different TP sizes is what serves this layout"
+)
+
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -26,7 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(num_requests=300)
     p = parser.add_argument_group("plan")
     p.add_argument("--target-rate", type=float, required=True, help="requests/s to serve")
-    p.add_argument("--tp", type=_ints, default=(1, 2, 4, 8), help="TP sizes to try")
+    p.add_argument("--tp", type=_ints, default=(1, 2, 4, 8), help="TP sizes to try (both pools)")
+    p.add_argument("--tp-prefill", type=_ints, default=None, help="prefill TP sizes (default --tp)")
+    p.add_argument("--tp-decode", type=_ints, default=None, help="decode TP sizes (default --tp)")
     p.add_argument("--thresholds", type=_ints, default=(0, 512, 2048), help="remote thresholds")
     p.add_argument("--max-devices", type=int, default=16)
     p.add_argument("--attainment", type=float, default=0.9, help="share meeting both SLOs")
@@ -46,7 +54,9 @@ def run(args: argparse.Namespace) -> None:
     base = ClusterConfig(
         policy=args.policy, max_model_len=args.max_model_len or shape.max_position_embeddings
     )
-    space = SearchSpace(args.tp, args.thresholds, args.max_devices, args.attainment)
+    space = SearchSpace(
+        args.tp, args.thresholds, args.max_devices, args.attainment, args.tp_prefill, args.tp_decode
+    )
     best, tried = search(base, shape, profile, requests, slo(args), space)
     if best is None:
         raise SystemExit(
@@ -56,6 +66,15 @@ def run(args: argparse.Namespace) -> None:
     print(f"\ncheapest: {describe(best)}")
     text = deployment_yaml(best, shape.name, args.policy)
     print(text)
+    if needs_tp_beside_prefill(best.config):
+        print(f"note: {TP_BESIDE_PREFILL_NOTE}")
     if args.yaml:
         with open(args.yaml, "w") as f:
             f.write(text)
+
+
+def needs_tp_beside_prefill(config: ClusterConfig) -> bool:
+    """TP above 1 in a deployment with prefill pods: what the CRD's rule refuses until the
+    operator serves per-rank KV transfer (tests/sim/test_plan.py checks that the operator
+    refuses nothing else of what the planner emits)."""
+    return config.num_prefill > 0 and max(config.tp_prefill, config.tp_decode) > 1

@@ -1,16 +1,22 @@
 """A simulated prefill worker: prompt-only batches in the real scheduler, and after every
 step a write of the blocks completed so far under a hold on the source blocks, as
 `PrefillWorker` does; the notification with the first token goes out once every write of
-the job has landed. Writes of one node share its link, one after another."""
+the job has landed. Writes of one node share its link, one after another.
+
+Jobs end early as in `PrefillWorker`: an abort from the decode node, or a passed deadline
+(checked before each step and before each write). The decode node hears of it (`AbortAck`,
+`PrefillFailed`) only once no write of the job is in flight; an abort of a job this worker
+does not know (a restarted worker) is confirmed at once.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tandem.engine.request import Request
+from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import SchedulerOutput, remote_hold_key
-from tandem.sim.decode import RemotePrefill
+from tandem.sim.decode import RemotePrefill, SimDecode
 from tandem.sim.node import SAMPLED_TOKEN, SimNode
 from tandem.sim.transfer_model import TransferModel, num_runs
 
@@ -19,9 +25,11 @@ from tandem.sim.transfer_model import TransferModel, num_runs
 class Job:
     msg: RemotePrefill
     request: Request
+    deadline_s: float  # simulated; no write starts after it
     num_posted: int  # prompt blocks written or being written (starts at skip_blocks)
     num_writes: int = 0  # in flight
     token_id: int | None = None
+    ended: str | None = None  # "abort" or a failure reason
 
 
 class SimPrefill(SimNode):
@@ -34,22 +42,50 @@ class SimPrefill(SimNode):
         self.num_bytes = 0
         self.num_blocks_sent = 0
         self._num_writes = 0
+        self._failed: dict[str, str] = {}  # this step's jobs that could not write
 
     def submit(self, msg: RemotePrefill) -> None:
         key = remote_hold_key(msg.request_id, msg.attempt)
+        now = self.cluster.events.now
+        if key in self.jobs or now - msg.sent_s > msg.deadline_s:
+            self._reply(msg, "invalid")
+            return
         params = SamplingParams(max_tokens=1, ignore_eos=True)
         request = Request(key, msg.token_ids, params)
         request.block_hashes = list(msg.block_hashes)  # as the node would compute them
-        self.jobs[key] = Job(msg, request, msg.skip_blocks)
+        deadline = now + msg.deadline_s
+        self.jobs[key] = Job(msg, request, deadline, msg.skip_blocks)
+        self.cluster.events.at(deadline, self.poke)  # expire it even when idle
         self.add(request)
+
+    def abort(self, decode: SimDecode, request_id: str, attempt: int) -> None:
+        job = self.jobs.get(remote_hold_key(request_id, attempt))
+        if job is None:
+            self.cluster.send(decode.deliver, decode.on_reply, request_id, attempt, None)
+            return
+        self._end(job, "abort")
+
+    # -- the step -------------------------------------------------------------------------
+
+    def before_schedule(self) -> None:
+        now = self.cluster.events.now
+        for job in list(self.jobs.values()):
+            if job.ended is None and job.token_id is None and now >= job.deadline_s:
+                self._end(job, "deadline")
 
     def before_update(self, out: SchedulerOutput) -> None:
         for request, n in zip(out.scheduled, out.num_scheduled_tokens):
             job = self.jobs[request.request_id]
+            if job.ended is not None:
+                continue
             num_computed = request.num_computed_tokens + n
             ready = self.kv.num_ready_blocks(request.num_prompt_tokens, num_computed)
-            if ready > job.num_posted:
-                self._post(job, ready)
+            if ready <= job.num_posted:
+                continue
+            if self.cluster.events.now > job.deadline_s:
+                self._failed[job.request.request_id] = "deadline"
+                continue
+            self._post(job, ready)
 
     def _post(self, job: Job, ready: int) -> None:
         start, skip = job.num_posted, job.msg.skip_blocks
@@ -73,19 +109,45 @@ class SimPrefill(SimNode):
     ) -> None:
         for request in finished:
             job = self.jobs[request.request_id]
-            job.token_id = SAMPLED_TOKEN
-            self.cluster.on_prefilled(job.msg.request_id, request.num_cached_tokens)
-            self._settle(job)
+            if job.ended is None and request.request_id not in self._failed:
+                job.token_id = SAMPLED_TOKEN
+                self.cluster.on_prefilled(job.msg.request_id, request.num_cached_tokens)
+                self._settle(job)
+        failed, self._failed = self._failed, {}
+        for key, reason in failed.items():
+            self._end(self.jobs[key], reason)
 
     def _write_done(self, job: Job, hold: str) -> None:
+        if self.dead:
+            return
         self.kv.release(hold)
         job.num_writes -= 1
         self._settle(job)
         self.poke()  # released blocks may let a waiting prompt in
 
+    # -- ending a job ---------------------------------------------------------------------
+
+    def _end(self, job: Job, reason: str) -> None:
+        """Stop a job: its request leaves the batch now; the decode node hears once no
+        write is in flight."""
+        if job.ended is None:
+            job.ended, job.token_id = reason, None
+            self.scheduler.finish_requests([job.request.request_id], RequestStatus.FINISHED_ABORTED)
+        self._settle(job)
+
     def _settle(self, job: Job) -> None:
-        if job.token_id is None or job.num_writes:
+        if job.num_writes or (job.ended is None and job.token_id is None):
             return
         del self.jobs[job.request.request_id]
         msg = job.msg
-        self.cluster.send(msg.decode.on_prefill_done, msg.request_id, msg.attempt, job.token_id)
+        if job.ended is None:
+            self.cluster.send(
+                msg.decode.deliver, msg.decode.on_prefill_done, msg.request_id, msg.attempt,
+                job.token_id,
+            )  # fmt: skip
+        else:
+            self._reply(msg, None if job.ended == "abort" else job.ended)
+
+    def _reply(self, msg: RemotePrefill, failure: str | None) -> None:
+        decode = msg.decode
+        self.cluster.send(decode.deliver, decode.on_reply, msg.request_id, msg.attempt, failure)

@@ -50,6 +50,9 @@ class DeviceProfile:
     # one machine), so a step stretches while more nodes step at once than there are cores.
     # 0: each node has devices of its own.
     host_cores: int = 0
+    # CPU hosts shared with other tenants: their runnable threads on those cores (a load
+    # average measured without the deployment), which take their share of the cores too.
+    host_background_load: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "mem_bandwidth", "kv_link_bandwidth"):

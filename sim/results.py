@@ -3,6 +3,7 @@ rates, KV bytes moved and per-pool utilisation, as a JSON-ready dict."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +38,7 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
 
 
 def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> dict[str, Any]:
-    done = [r for r in records if r.finish_s is not None]
+    done = [r for r in records if r.outcome == "finished"]
     ttfts = [r.first_token_s - r.arrival_s for r in done]
     tpots = [t for r in done if (t := tpot(r)) is not None]
     e2es = [r.finish_s - r.arrival_s for r in done]
@@ -59,19 +60,48 @@ def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> d
         "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "attained": good / max(len(done), 1)},
         "ttft_s": _percentiles(ttfts),
         "tpot_s": _percentiles(tpots),
+        "tpot_token_mean_s": _token_mean_tpot(done),
         "e2e_s": _percentiles(e2es),
         "prefix_cache": _prefix_cache(cluster, records),
         "kv_transfer": {
-            "bytes": sum(p.num_bytes for p in cluster.prefills),
-            "blocks": sum(p.num_blocks_sent for p in cluster.prefills),
+            "bytes": sum(p.num_bytes for p in cluster.all_prefills),
+            "blocks": sum(p.num_blocks_sent for p in cluster.all_prefills),
             "remote_requests": sum(1 for r in records if r.remote),
         },
         "pools": {
             "decode": _pool(cluster.decodes, duration),
             "prefill": _pool(cluster.prefills, duration),
         },
+        "failures": _failures(cluster, records),
         "num_preemptions": sum(n.scheduler.num_preemptions for n in cluster.nodes.values()),
         "num_events": cluster.events.num_events,
+    }
+
+
+def _token_mean_tpot(done: Sequence[RequestRecord]) -> float | None:
+    """Mean time between two tokens over every later token (not per request): what a node's
+    inter-token latency histogram averages."""
+    gaps = sum(r.num_output_tokens - 1 for r in done if r.num_output_tokens > 1)
+    span = sum(r.finish_s - r.first_token_s for r in done if r.num_output_tokens > 1)
+    return span / gaps if gaps else None
+
+
+def _failures(cluster: Cluster, records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Outcomes other than finished, the decode nodes' fall-backs by reason (as
+    `tandem_prefill_fallbacks_total` counts them), and what is still held at the end."""
+    fallbacks: Counter[str] = Counter()
+    for node in cluster.decodes:
+        fallbacks.update(node.fallbacks)
+    return {
+        "aborted": sum(1 for r in records if r.outcome == "aborted"),
+        "errors": sum(1 for r in records if r.outcome == "error"),
+        "unfinished": sum(1 for r in records if r.outcome is None),
+        "fallbacks": dict(sorted(fallbacks.items())),
+        "recomputed_locally": sum(1 for r in records if r.fallbacks and r.remote is False),
+        "prefill_deaths": cluster.outages.num_deaths,
+        "prefill_restarts": cluster.outages.num_restarts,
+        "hold_timeouts": cluster.num_hold_timeouts,
+        "held_blocks_at_end": cluster.num_held_blocks,
     }
 
 

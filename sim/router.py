@@ -18,7 +18,22 @@ from tandem.router.workers import WorkerAddress, WorkerPool, WorkerState
 # Where a simulated worker's prefill requests go, as the router hands it to decode nodes.
 ZMQ_PORT = 5555
 
-Snapshotter = Callable[[str], tuple[str, int, list[int]]]
+Snapshotter = Callable[[str], tuple[str, int, list[int]] | None]
+
+
+def prefill_url(index: int) -> str:
+    return f"http://prefill-{index}:8000"
+
+
+def prefill_endpoint(index: int) -> str:
+    """Where decode nodes send prefill worker `index` its requests."""
+    return f"tcp://prefill-{index}:{ZMQ_PORT}"
+
+
+def prefill_index(endpoint: str) -> int:
+    """`tcp://prefill-3:5555` -> 3."""
+    host = endpoint.removeprefix("tcp://").split(":")[0]
+    return int(host.removeprefix("prefill-"))
 
 
 class SimRouter:
@@ -27,17 +42,19 @@ class SimRouter:
         policy: str,
         block_size: int,
         workers: Sequence[WorkerAddress],
+        agents: Sequence[str],
         snapshot: Snapshotter,
         send: Callable[..., None],
     ) -> None:
-        """`snapshot(url)`: the node's (agent, seq, hashes), as `GET /kv/snapshot` answers;
-        `send(callback, *args)`: deliver after one network hop."""
+        """`agents`: the workers' agent names, as their `/health` says;
+        `snapshot(url)`: the node's (agent, seq, hashes), as `GET /kv/snapshot` answers
+        (None: it does not answer); `send(callback, *args)`: deliver after one network hop."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.pool = WorkerPool()
         self.pool.update(list(workers))
-        for w in workers:
-            self.pool.health_ok(w.url, {"role": w.role, "agent": w.url, "zmq_port": ZMQ_PORT})
+        for w, agent in zip(workers, agents):
+            self.pool.health_ok(w.url, {"role": w.role, "agent": agent, "zmq_port": ZMQ_PORT})
         self.index = PrefixIndex()
         metrics = RouterMetrics(CollectorRegistry(), "sim", "sim-router")
         self.dispatcher = Dispatcher(
@@ -65,5 +82,18 @@ class SimRouter:
             self._send(self._resync, url)
 
     def _resync(self, url: str) -> None:
-        agent, seq, hashes = self._snapshot(url)
-        self._send(self.index.load_snapshot, url, agent, seq, hashes)
+        snapshot = self._snapshot(url)
+        if snapshot is None:
+            self._send(self.index.resync_failed, url)
+            return
+        self._send(self.index.load_snapshot, url, *snapshot)
+
+    def check_health(self, url: str, agent: str | None) -> None:
+        """One `GET /health` (`WorkerMonitor._check`): `agent` None when it fails. A new
+        agent is a restart: the index forgets the worker until its events resync it."""
+        if agent is None:
+            self.pool.health_failed(url)
+            return
+        role = self.pool.workers[url].address.role
+        if self.pool.health_ok(url, {"role": role, "agent": agent, "zmq_port": ZMQ_PORT}):
+            self.index.forget(url)

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tandem.sim.cluster import Cluster, ClusterConfig
+from tandem.sim.faults import Faults
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import ModelShape
@@ -20,9 +21,10 @@ def simulate(
     profile: DeviceProfile,
     requests: Sequence[SimRequest],
     slo: SLO,
+    faults: Faults | None = None,
 ) -> dict[str, Any]:
     """Run the workload on a fresh cluster; the summary, with the wall time it took."""
-    cluster = Cluster(config, shape, profile)
+    cluster = Cluster(config, shape, profile, faults=faults)
     start = time.perf_counter()
     records = cluster.run(fit_lengths(requests, config.max_model_len))
     cluster.check_integrity()
@@ -38,17 +40,19 @@ def sweep(
     requests: Sequence[SimRequest],
     slo: SLO,
     load_factors: Sequence[float],
+    faults: Faults | None = None,
 ) -> dict[str, Any]:
     """The workload replayed at each load factor (arrival times divided by it)."""
     span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
     runs = []
     for factor in load_factors:
-        summary = simulate(config, shape, profile, scale_load(requests, factor), slo)
+        summary = simulate(config, shape, profile, scale_load(requests, factor), slo, faults)
         offered = len(requests) / (span / factor) if span > 0 else float("inf")
         runs.append({"load_factor": factor, "offered_rps": offered, **summary})
     return {
         "model": asdict(shape),
         "profile": asdict(profile),
         "cluster": asdict(config),
+        "faults": asdict(faults) if faults else None,
         "runs": runs,
     }

@@ -2,7 +2,13 @@
 
 A write carries one descriptor per run of adjacent blocks (design §4); its time is the
 profile's per-write latency, a per-descriptor cost, and its bytes over the link. With
-tensor parallelism every rank ships its own heads over its own link, in parallel.
+tensor parallelism every prefill rank ships its own heads over its own link, in parallel, to
+the decode ranks that hold them (design §4, "whatever the two TP sizes"): a prefill rank
+feeding `tp_decode / tp_prefill` decode ranks posts one write to each, so it pays the
+latency and descriptors once per destination rank. Only the sender's link is a queue:
+when `tp_prefill > tp_decode` the decode rank's ingress, shared by several senders, is not
+modelled. How many descriptors a head-split block takes is the engine's choice (being built);
+this model assumes a block's share of heads goes as one descriptor per destination rank.
 """
 
 from __future__ import annotations
@@ -23,16 +29,22 @@ def num_runs(src_ids: Sequence[int], dst_ids: Sequence[int]) -> int:
 
 
 class TransferModel:
-    def __init__(self, shape: ModelShape, profile: DeviceProfile, block_size: int, tp: int = 1):
+    def __init__(
+        self,
+        shape: ModelShape,
+        profile: DeviceProfile,
+        block_size: int,
+        tp: int = 1,
+        tp_decode: int | None = None,
+    ) -> None:
+        """`tp`: the prefill node's ranks; `tp_decode`: the decode node's (default: `tp`)."""
         self.profile = profile
         self.block_bytes = shape.kv_bytes_per_token(profile.dtype_bytes) * block_size
         self.tp = tp
+        self.fan_out = max(1, (tp_decode or tp) // tp)  # decode ranks per prefill rank
 
     def write_time(self, num_blocks: int, num_descriptors: int) -> float:
         p = self.profile
         data = num_blocks * self.block_bytes / self.tp
-        return (
-            p.kv_transfer_latency_s
-            + num_descriptors * p.kv_descriptor_s
-            + data / (p.kv_link_bandwidth)
-        )
+        per_write = p.kv_transfer_latency_s + num_descriptors * p.kv_descriptor_s
+        return self.fan_out * per_write + data / p.kv_link_bandwidth

@@ -46,3 +46,27 @@ def test_simulate_refuses_bad_input_clearly(tmp_path):
     assert result.returncode != 0 and "unknown policy" in result.stderr
     result = tandem("simulate", "--workload", str(tmp_path / "missing.jsonl"))
     assert result.returncode != 0 and "missing.jsonl" in result.stderr
+
+
+def test_simulate_with_failures_reports_them(tmp_path):
+    out = tmp_path / "r.json"
+    result = tandem(
+        "simulate", "--num-requests", "120", "--rate", "40", "--prompt-tokens", "1000,3000",
+        "--output-tokens", "4,32", "--prefill", "1", "--decode", "2",
+        "--kill-prefill", "0@1+0.5", "--abort-share", "0.25", "--abort-after", "0.2",
+        "--hold-timeout", "10", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "failures: " in result.stdout and "blocks held at the end" in result.stdout
+    run = json.loads(out.read_text())["runs"][0]
+    f = run["failures"]
+    assert f["prefill_deaths"] == 1 and f["prefill_restarts"] == 1
+    assert f["aborted"] > 0 and f["fallbacks"] and f["held_blocks_at_end"] == 0
+    assert run["num_finished"] + f["aborted"] + f["errors"] == 120
+
+
+def test_simulate_refuses_bad_failures():
+    result = tandem("simulate", "--kill-prefill", "one@2", "--num-requests", "2")
+    assert result.returncode != 0 and "WORKER@SECONDS" in result.stderr
+    result = tandem("simulate", "--kill-prefill", "4@2", "--num-requests", "2")
+    assert result.returncode != 0 and "there are 1" in result.stderr

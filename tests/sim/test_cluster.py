@@ -105,9 +105,11 @@ def test_nodes_sharing_host_cores_take_longer_than_nodes_with_devices_of_their_o
     reqs = synthetic(40, 100.0, (200, 400), (5, 20), SHAPE.vocab_size, seed=5)
     config = ClusterConfig(num_prefill=2, num_decode=2)
     ttft = {}
-    for cores in (0, 1):
-        cluster = Cluster(config, SHAPE, dataclasses.replace(H100, host_cores=cores))
+    for cores, background in ((0, 0.0), (1, 0.0), (1, 2.0)):
+        profile = dataclasses.replace(H100, host_cores=cores, host_background_load=background)
+        cluster = Cluster(config, SHAPE, profile)
         records = cluster.run(reqs)
-        ttft[cores] = sum(r.first_token_s - r.arrival_s for r in records)
+        ttft[cores, background] = sum(r.first_token_s - r.arrival_s for r in records)
         assert cluster.num_stepping == 0
-    assert ttft[1] > ttft[0]
+    # other tenants' threads on the same core slow every step further
+    assert ttft[1, 2.0] > ttft[1, 0.0] > ttft[0, 0.0]
