@@ -81,6 +81,7 @@ def bench_pair(full: torch.Tensor, p: int, d: int, ids: list[int], repeats: int)
     parent, child = mp.Pipe()
     target = mp.get_context("spawn").Process(target=_target, args=(child, tuple(full.shape), d))
     target.start()
+    child.close()  # ours: a target that dies is then an EOFError here, not a hang
     far = parent.recv()
     src = rank_caches(full, p, fill=True)
     pieces = plan_pieces([r.heads for r in src], [head_range(i.layout) for i in far])
@@ -123,6 +124,7 @@ def bench_strided(full: torch.Tensor, ids: list[int], repeats: int) -> dict:
     parent, child = mp.Pipe()
     target = mp.get_context("spawn").Process(target=_target, args=(child, tuple(full.shape), 2))
     target.start()
+    child.close()  # ours: a target that dies is then an EOFError here, not a hang
     far = parent.recv()
     (src,) = rank_caches(full, 1, fill=True)
     num_heads, elem = full.shape[4], full.element_size()

@@ -95,6 +95,7 @@ def bench_throughput(
     here, there = ctx.Pipe()
     proc = ctx.Process(target=_target, args=(there, num_blocks, block_bytes, device, hugepages))
     proc.start()
+    there.close()  # ours: a target that dies is then an EOFError here, not a hang
     info = here.recv()
     src = _zeros(num_blocks, block_bytes, device, hugepages)
     src.copy_(torch.randint(0, 255, (num_blocks, block_bytes), dtype=torch.uint8, device=device))

@@ -10,12 +10,6 @@ from tandem.sim.cluster import ClusterConfig
 from tandem.sim.plan import SearchSpace, deployment_yaml, describe, search
 from tandem.sim.workload import scale_load
 
-TP_BESIDE_PREFILL_NOTE = (
-    "until the LLMDeployment CRD lifts its rule, the operator refuses tensorParallelSize "
-    "above 1 beside prefill pods; the engine's per-rank KV transfer between prefill and "
-    "decode of different TP sizes is what serves this layout"
-)
-
 
 def _ints(text: str) -> tuple[int, ...]:
     try:
@@ -66,15 +60,6 @@ def run(args: argparse.Namespace) -> None:
     print(f"\ncheapest: {describe(best)}")
     text = deployment_yaml(best, shape.name, args.policy)
     print(text)
-    if needs_tp_beside_prefill(best.config):
-        print(f"note: {TP_BESIDE_PREFILL_NOTE}")
     if args.yaml:
         with open(args.yaml, "w") as f:
             f.write(text)
-
-
-def needs_tp_beside_prefill(config: ClusterConfig) -> bool:
-    """TP above 1 in a deployment with prefill pods: what the CRD's rule refuses until the
-    operator serves per-rank KV transfer (tests/sim/test_plan.py checks that the operator
-    refuses nothing else of what the planner emits)."""
-    return config.num_prefill > 0 and max(config.tp_prefill, config.tp_decode) > 1

@@ -7,8 +7,10 @@ the decode ranks that hold them (design §4, "whatever the two TP sizes"): a pre
 feeding `tp_decode / tp_prefill` decode ranks posts one write to each, so it pays the
 latency and descriptors once per destination rank. Only the sender's link is a queue:
 when `tp_prefill > tp_decode` the decode rank's ingress, shared by several senders, is not
-modelled. How many descriptors a head-split block takes is the engine's choice (being built);
-this model assumes a block's share of heads goes as one descriptor per destination rank.
+modelled. Descriptors follow the engine (engine/kv_heads.py): at equal TP sizes one per run
+of adjacent blocks, as at TP 1; between different sizes one per block and destination rank
+(a re-packed piece never merges across blocks). The re-packing copies themselves (on the
+side with more heads a rank, at device memory bandwidth) are not modelled.
 """
 
 from __future__ import annotations
@@ -42,9 +44,11 @@ class TransferModel:
         self.block_bytes = shape.kv_bytes_per_token(profile.dtype_bytes) * block_size
         self.tp = tp
         self.fan_out = max(1, (tp_decode or tp) // tp)  # decode ranks per prefill rank
+        self.repacked = (tp_decode or tp) != tp  # pieces: a descriptor per block
 
     def write_time(self, num_blocks: int, num_descriptors: int) -> float:
         p = self.profile
         data = num_blocks * self.block_bytes / self.tp
-        per_write = p.kv_transfer_latency_s + num_descriptors * p.kv_descriptor_s
+        descriptors = num_blocks if self.repacked else num_descriptors
+        per_write = p.kv_transfer_latency_s + descriptors * p.kv_descriptor_s
         return self.fan_out * per_write + data / p.kv_link_bandwidth

@@ -8,7 +8,6 @@ import yaml
 from tandem.operator.spec import parse
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.plan import Candidate, SearchSpace, candidates, deployment_yaml
-from tandem.sim.plan_cli import needs_tp_beside_prefill
 
 
 def test_candidates_of_a_device_count_cover_tp_splits_and_thresholds():
@@ -41,18 +40,10 @@ def test_a_mixed_tp_layout_becomes_an_llmdeployment_with_per_pool_tp():
     assert spec["prefill"]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert spec["decode"]["tensorParallelSize"] == 2
     assert spec["decode"]["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert needs_tp_beside_prefill(config)
     tp1 = ClusterConfig(num_prefill=2, num_decode=2, remote_prefill_threshold=512)
-    assert not needs_tp_beside_prefill(tp1)
-    assert not needs_tp_beside_prefill(ClusterConfig(num_prefill=0, num_decode=2, tp_decode=2))
-    # the operator's own parser refuses at most what the note says (the rule being lifted)
+    # the operator's own parser takes every layout the planner emits
     for layout in (config, tp1, ClusterConfig(num_prefill=0, num_decode=2, tp_decode=2)):
         body = yaml.safe_load(deployment_yaml(Candidate(layout, {}), "llama-3-8b", "kv-aware"))
-        try:
-            parsed = parse(body)
-        except ValueError as exc:
-            assert needs_tp_beside_prefill(layout), exc
-            assert "tensorParallelSize above 1" in str(exc)
-            continue
+        parsed = parse(body)
         tp = (parsed.prefill.tensor_parallel_size, parsed.decode.tensor_parallel_size)
         assert tp == (layout.tp_prefill, layout.tp_decode)
