@@ -10,7 +10,9 @@ logged with the request id; so does a dropped connection to the worker, at once.
 blocks of an abandoned attempt stay held until the prefill worker confirms that nothing more
 will land in them (or `hold_timeout_s`); the abort is sent again every `ABORT_RESEND_S`
 until then, so a worker that died and restarted (its successor never heard of the attempt,
-and confirms at once) gives the blocks back as soon as it is up.
+and confirms at once) gives the blocks back as soon as it is up. The policy and the holds'
+bookkeeping are `tandem.engine.prefill_failover.PrefillFailover`, which the simulator runs
+too; this worker drives it with the wall clock, ZMQ, metrics, log lines and spans.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tandem.engine.kv_transfer import (
 )
 from tandem.engine.llm_engine import validate_prompt
 from tandem.engine.node_core import NodeCore
+from tandem.engine.prefill_failover import ABORT_RESEND_S, DecodeOptions, PrefillFailover
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampler import skip_draw
 from tandem.engine.sampling_params import SamplingParams
@@ -48,24 +51,10 @@ from tandem.engine.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
-# Seconds between two sends of an abort that no prefill worker has confirmed yet.
-ABORT_RESEND_S = 1.0
+# Re-exported: the CLI, the server and the tests name them here.
+__all__ = ["ABORT_RESEND_S", "DecodeOptions", "DecodeWorker", "GenerateInput"]
 
 Sink = Callable[[dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    remote_prefill_threshold: int = 0
-    on_prefill_failure: str = "recompute"  # or "fail"
-    prefill_timeout_s: float = 30.0
-    hold_timeout_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.on_prefill_failure not in ("recompute", "fail"):
-            raise ValueError("on_prefill_failure must be 'recompute' or 'fail'")
-        if self.remote_prefill_threshold < 0 or self.prefill_timeout_s <= 0:
-            raise ValueError("threshold must be >= 0 and the prefill timeout > 0")
 
 
 @dataclass
@@ -88,10 +77,7 @@ class Stream:
     sink: Sink
     detok: IncrementalDetokenizer
     sampling: dict[str, Any]  # with the effective seed, as sent to prefill workers
-    alternates: list[str]
     arrival: float
-    tried: list[str] = field(default_factory=list)
-    remote_deadline: float = 0.0
     admitted: float | None = None
     last_token: float | None = None
     sent: float = 0.0  # when the current remote attempt was sent
@@ -118,9 +104,7 @@ class DecodeWorker:
         self.options = options
         self.traces = traces or Tracing.off()
         self.streams: dict[str, Stream] = {}
-        self.hold_deadlines: dict[str, float] = {}
-        self.unconfirmed: dict[str, RemoteHold] = {}  # same keys: the aborts to resend
-        self._next_resend = 0.0
+        self.failover = PrefillFailover(core.scheduler, options, self._send_abort)
         self._agent_info = core.agent.info()
         self._rank_agents = core.agent.rank_infos()
         # hold key -> the request's log id, for lines about a hold that outlives its stream
@@ -162,12 +146,12 @@ class DecodeWorker:
             sink,
             detok,
             dataclasses.asdict(params),
-            [a for a in inp.prefill_alternates if a != inp.prefill],
             time.monotonic(),
             log_id=inp.log_id,
             span=self._request_span(inp),
         )
         self.streams[inp.request_id] = stream
+        self.failover.track(request, inp.prefill_alternates)
         self.core.scheduler.add_request(request)
         with request_log.request_context(inp.log_id):
             logger.info(
@@ -202,7 +186,7 @@ class DecodeWorker:
 
     @property
     def waiting_remote(self) -> bool:
-        return bool(self.core.scheduler.remote) or bool(self.hold_deadlines)
+        return bool(self.core.scheduler.remote) or bool(self.failover.hold_deadlines)
 
     def step(self) -> None:
         """Deadlines, then one scheduled step: remote prefills sent, the batch run."""
@@ -230,40 +214,28 @@ class DecodeWorker:
 
     def on_notification(self, sender: str, data: bytes) -> None:
         done = decode_done(data)
-        key = remote_hold_key(done.request_id, done.attempt)
-        stream = self.streams.get(done.request_id)
-        request = stream.request if stream else None
-        if (
-            request is None
-            or request.status != RequestStatus.WAITING_FOR_REMOTE_KV
-            or request.num_remote_attempts != done.attempt
-        ):
-            self._release_hold(key)  # a late attempt: every write of it has landed
+        if self.failover.current(done.request_id, done.attempt) is None:
+            # a late attempt: every write of it has landed
+            self._release_hold(remote_hold_key(done.request_id, done.attempt))
             return
-        self._complete_remote(stream, done)
+        self._complete_remote(self.streams[done.request_id], done)
 
     def on_reply(self, endpoint: str, msg: FromPrefill) -> None:
         key = remote_hold_key(msg.request_id, msg.attempt)
         if isinstance(msg, AbortAck):
             self._release_hold(key)
             return
-        stream = self.streams.get(msg.request_id)
-        current = (
-            stream is not None
-            and stream.request.status == RequestStatus.WAITING_FOR_REMOTE_KV
-            and stream.request.num_remote_attempts == msg.attempt
-        )
-        if current:
+        if self.failover.current(msg.request_id, msg.attempt) is not None:
+            stream = self.streams[msg.request_id]
             self._fall_back(stream, "error", f"{endpoint} failed it: {msg.reason}")
         self._release_hold(key)  # a failure report means no write is in flight
 
     def on_disconnect(self, endpoint: str) -> None:
         """The connection to a prefill worker dropped: every attempt waiting on it fails
         over now (its blocks stay held until that worker, or its successor, confirms)."""
-        for request in list(self.core.scheduler.remote.values()):
-            if request.prefill_worker == endpoint:
-                stream = self.streams[request.request_id]
-                self._fall_back(stream, "disconnected", f"lost the connection to {endpoint}")
+        for request in self.failover.waiting_on(endpoint):
+            stream = self.streams[request.request_id]
+            self._fall_back(stream, "disconnected", f"lost the connection to {endpoint}")
 
     # -- remote prefill -------------------------------------------------------------------
 
@@ -295,9 +267,8 @@ class DecodeWorker:
         )
         if stream.log_id is not None:
             self.hold_log_ids[remote_hold_key(msg.request_id, msg.attempt)] = stream.log_id
-        stream.tried.append(worker)
         stream.sent = time.monotonic()
-        stream.remote_deadline = stream.sent + self.options.prefill_timeout_s
+        self.failover.sent(request, stream.sent)
         if not self.client.send(worker, msg):
             self._fall_back(stream, "unreachable", f"{worker} is not connected")
             # Never queued (no connected peer): nothing of this attempt can land, so its
@@ -354,65 +325,37 @@ class DecodeWorker:
         stream.remote_span = None
         m = self.core.metrics
         m.child(m.prefill_fallbacks, reason=reason).inc()
-        untried = [w for w in stream.alternates if w not in stream.tried]
-        if len(stream.tried) < 2 and untried:
-            nxt, action = untried[0], f"retrying on {untried[0]}"
-        elif self.options.on_prefill_failure == "recompute":
-            nxt, action = None, "prefilling locally"
-        else:
-            logger.warning(
-                "request %s: remote prefill %s (%s); failing it", request.request_id, reason, detail
-            )
-            self.core.scheduler.finish_requests([request.request_id], RequestStatus.FINISHED_ERROR)
-            self._finish(stream, error=f"remote prefill failed ({reason}: {detail})")
-            return
+        decision = self.failover.fall_back(request.request_id, reason)
         logger.warning(
-            "request %s: remote prefill %s (%s); %s", request.request_id, reason, detail, action
-        )
-        self.core.scheduler.retry_remote(request.request_id, nxt)
+            "request %s: remote prefill %s (%s); %s",
+            request.request_id, reason, detail, decision.action,
+        )  # fmt: skip
+        if decision.failed:
+            self._finish(stream, error=f"remote prefill failed ({reason}: {detail})")
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
-        for request in list(self.core.scheduler.remote.values()):
+        for request in self.failover.overdue(now):
             stream = self.streams[request.request_id]
-            if now > stream.remote_deadline:
-                self._fall_back(stream, "timeout", f"no answer from {request.prefill_worker}")
-        for key, deadline in list(self.hold_deadlines.items()):
-            if now > deadline:
-                with request_log.request_context(self.hold_log_ids.get(key)):
-                    logger.warning(
-                        "hold %s: no confirmation from the prefill worker; releasing", key
-                    )
-                self._release_hold(key)
+            self._fall_back(stream, "timeout", f"no answer from {request.prefill_worker}")
+        for key in self.failover.expired_holds(now):
+            with request_log.request_context(self.hold_log_ids.get(key)):
+                logger.warning("hold %s: no confirmation from the prefill worker; releasing", key)
+            self._release_hold(key)
 
     def _send_aborts(self) -> None:
         """Tell prefill workers about abandoned attempts, and again every ABORT_RESEND_S
-        while unconfirmed (the first may have died with its worker); their blocks stay held
-        until the answer (or the hold timeout)."""
-        scheduler = self.core.scheduler
-        now = time.monotonic()
-        if now >= self._next_resend:
-            self._next_resend = now + ABORT_RESEND_S
-            for hold in list(self.unconfirmed.values()):
-                self._send_abort(hold)
-        for hold in scheduler.abandoned_remote:
-            if not self.core.kv.is_held(hold.key):
-                continue  # already released: the worker reported that nothing is in flight
-            self.hold_deadlines[hold.key] = now + self.options.hold_timeout_s
-            self.unconfirmed[hold.key] = hold
-            if not self._send_abort(hold):
-                with request_log.request_context(self.hold_log_ids.get(hold.key)):
-                    logger.warning("hold %s: cannot reach %s to abort yet", hold.key, hold.worker)
-        scheduler.abandoned_remote.clear()
+        while unconfirmed; their blocks stay held until the answer (or the hold timeout)."""
+        for hold in self.failover.send_aborts(time.monotonic()):
+            with request_log.request_context(self.hold_log_ids.get(hold.key)):
+                logger.warning("hold %s: cannot reach %s to abort yet", hold.key, hold.worker)
 
     def _send_abort(self, hold: RemoteHold) -> bool:
         return self.client.send(hold.worker, AbortPrefill(hold.request_id, hold.attempt))
 
     def _release_hold(self, key: str) -> None:
         self.hold_log_ids.pop(key, None)
-        self.hold_deadlines.pop(key, None)
-        self.unconfirmed.pop(key, None)
-        self.core.kv.release(key)
+        self.failover.release(key)
 
     # -- output ---------------------------------------------------------------------------
 
@@ -456,6 +399,7 @@ class DecodeWorker:
     def _finish_now(self, stream: Stream, tokens: list[int], error: str | None) -> None:
         request = stream.request
         del self.streams[request.request_id]
+        self.failover.forget(request.request_id)
         stream.detok.flush()
         record = self._record(stream, list(tokens), finished=True)
         if error is not None:

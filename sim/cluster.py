@@ -9,13 +9,13 @@ from typing import Any
 
 from tandem.engine.block_hash import hash_blocks
 from tandem.engine.config import SchedulerConfig
+from tandem.engine.prefill_failover import DecodeOptions
 from tandem.engine.request import Request
 from tandem.engine.sampling_params import SamplingParams
 from tandem.router.preprocess import Prompt
 from tandem.router.workers import WorkerAddress, WorkerState
 from tandem.sim.decode import SimDecode
 from tandem.sim.events import EventQueue
-from tandem.sim.failover import FailoverOptions
 from tandem.sim.faults import Faults
 from tandem.sim.node import SimNode
 from tandem.sim.outages import Outages
@@ -58,8 +58,13 @@ class ClusterConfig:
         self.failover  # noqa: B018 -- checks the policy and the timeouts
 
     @property
-    def failover(self) -> FailoverOptions:
-        return FailoverOptions(self.on_prefill_failure, self.prefill_timeout_s, self.hold_timeout_s)
+    def failover(self) -> DecodeOptions:
+        return DecodeOptions(
+            self.remote_prefill_threshold,
+            self.on_prefill_failure,
+            self.prefill_timeout_s,
+            self.hold_timeout_s,
+        )
 
     @property
     def num_devices(self) -> int:

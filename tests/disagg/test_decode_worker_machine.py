@@ -179,16 +179,16 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def prefill_deadline_passes(self, data: st.DataObject) -> None:
         remote = self.worker.core.scheduler.remote
-        self.worker.streams[data.draw(st.sampled_from(sorted(remote)))].remote_deadline = 0.0
+        self.worker.failover.attempts[data.draw(st.sampled_from(sorted(remote)))].deadline = 0.0
         self.step()
 
-    @precondition(lambda self: self.worker.hold_deadlines)
+    @precondition(lambda self: self.worker.failover.hold_deadlines)
     @rule(data=st.data())
     def hold_times_out(self, data: st.DataObject) -> None:
         """The protocol's promise: a worker starts no write after the attempt's deadline,
         and the hold outlives it, so once it times out nothing more lands."""
-        key = data.draw(st.sampled_from(sorted(self.worker.hold_deadlines)))
-        self.worker.hold_deadlines[key] = 0.0
+        key = data.draw(st.sampled_from(sorted(self.worker.failover.hold_deadlines)))
+        self.worker.failover.hold_deadlines[key] = 0.0
         self.may_write.pop(key, None)
 
     def _aborted_attempts(self) -> list[str]:
@@ -252,6 +252,8 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         kv = self.worker.core.kv
         assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
         assert not self.worker.hold_log_ids, "log ids outlive their holds"
+        assert not self.worker.failover.attempts, "attempts outlive their requests"
+        assert not self.worker.failover.unconfirmed and not self.worker.failover.hold_deadlines
         for request_id, records in self.records.items():
             final = records[-1]
             tokens = [t for r in records for t in r["token_ids"]]
@@ -274,7 +276,7 @@ def test_a_late_answer_of_an_abandoned_attempt_completes_nothing():
     machine = DecodeWorkerMachine()
     machine.add(prefix=0, tail=0, max_tokens=3, remote=True)
     machine.step()
-    machine.worker.streams["r0"].remote_deadline = 0.0
+    machine.worker.failover.attempts["r0"].deadline = 0.0
     machine.step()
     assert sorted(machine.may_write) == ["r0@1", "r0@2"]
     machine.deliver_done("r0@1")
@@ -292,7 +294,7 @@ def test_an_attempt_that_was_never_sent_holds_no_blocks():
     machine.add(prefix=0, tail=9, max_tokens=2, remote=True)
     machine.step()
     kv = machine.worker.core.kv
-    assert not kv.hold_keys() and not machine.worker.hold_deadlines
+    assert not kv.hold_keys() and not machine.worker.failover.hold_deadlines
     machine.step()  # prefilled here
     machine.teardown()
     assert [r["finish_reason"] for r in machine.records["r0"]][-1] == "length"
@@ -308,7 +310,7 @@ def test_lines_about_a_hold_that_outlives_its_request_carry_the_request_id(caplo
     machine.step()  # sent to the prefill worker
     assert machine.worker.abort("r0")
     machine.step()  # the abort sent; the hold waits for its answer
-    machine.worker.hold_deadlines["r0@1"] = 0.0
+    machine.worker.failover.hold_deadlines["r0@1"] = 0.0
     machine.step()
     lines = [(r.request_id, r.getMessage()) for r in caplog.records]
     assert ("client-r0", "hold r0@1: no confirmation from the prefill worker; releasing") in lines

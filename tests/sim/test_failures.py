@@ -1,7 +1,8 @@
-"""Failures in a simulated deployment, handled by the decode node's real fail-over policy
-(`DecodeOptions`) on the real scheduler: a prefill worker that dies, one that restarts,
-prefill deadlines, client aborts. After each, every request has an outcome, every KV block
-is accounted for (`check_integrity()`), and no hold outlives the run."""
+"""Failures in a simulated deployment, handled by the decode node's real fail-over code
+(`PrefillFailover` with `DecodeOptions`, which `DecodeWorker` runs too) on the real
+scheduler: a prefill worker that dies, one that restarts, prefill deadlines, client aborts.
+After each, every request has an outcome, every KV block is accounted for
+(`check_integrity()`), and no hold outlives the run."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def assert_clean(cluster: Cluster, records: list[RequestRecord]) -> None:
         assert not node.scheduler.requests
         assert node.kv.pool.check_integrity().in_use == 0
         assert not node.kv.hold_keys()
-    assert all(not d.streams and not d.unconfirmed for d in cluster.decodes)
+    for d in cluster.decodes:
+        assert not d.streams and not d.failover.attempts
+        assert not d.failover.unconfirmed and not d.failover.hold_deadlines
     assert all(w.inflight == 0 for w in cluster.router.pool.workers.values())
     assert cluster.num_held_blocks == 0
 
@@ -158,23 +161,3 @@ def test_bad_faults_are_refused():
     )
     with pytest.raises(ValueError, match="there are 1"):
         cluster.run(REQUESTS[:2])
-
-
-def test_the_failover_settings_are_the_decode_nodes():
-    """The simulator's copy of `DecodeOptions` (it imports only the engine and the router)
-    has the real fields, defaults, checks and abort resend period."""
-    import dataclasses
-
-    from tandem.decode_node import worker
-    from tandem.sim import failover
-
-    real = {f.name: f.default for f in dataclasses.fields(worker.DecodeOptions)}
-    real.pop("remote_prefill_threshold")  # ClusterConfig's
-    copy = {f.name: f.default for f in dataclasses.fields(failover.FailoverOptions)}
-    assert copy == real
-    assert failover.ABORT_RESEND_S == worker.ABORT_RESEND_S
-    for bad in ({"on_prefill_failure": "retry"}, {"prefill_timeout_s": 0.0}):
-        with pytest.raises(ValueError):
-            worker.DecodeOptions(**bad)
-        with pytest.raises(ValueError):
-            failover.FailoverOptions(**bad)

@@ -1,0 +1,182 @@
+"""The decode node's remote-prefill fail-over, on the real `Scheduler` and `KVCacheManager`.
+
+One piece of control code with two drivers: `DecodeWorker` (wall clock, ZMQ, metrics, log
+lines) and the simulator's `SimDecode` (simulated clock, event queue). It keeps no clock and
+sends nothing itself: each call takes `now`, aborts go out through the `send_abort` callback
+(False: the worker is not connected), and what the driver must do about an attempt that
+failed comes back as a `Fallback`.
+
+Policy: a deadline (`prefill_timeout_s`), a failure report, a dropped connection or a send
+that could not be queued moves the request to the first untried alternate prefill worker
+once, then prefills it here (`recompute`) or fails it (`fail`). Destination blocks of an
+abandoned attempt (`Scheduler.abandoned_remote`) stay held until the prefill worker confirms
+that nothing more will land in them, or `hold_timeout_s` passes; the abort is sent again
+every `ABORT_RESEND_S` until then, so a worker that died and restarted (its successor never
+heard of the attempt, and confirms at once) gives the blocks back as soon as it is up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tandem.engine.kv_cache_manager import KVCacheManager
+from tandem.engine.request import Request, RequestStatus
+from tandem.engine.scheduler import RemoteHold, Scheduler
+
+# Seconds between two sends of an abort that no prefill worker has confirmed yet.
+ABORT_RESEND_S = 1.0
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    remote_prefill_threshold: int = 0
+    on_prefill_failure: str = "recompute"  # or "fail"
+    prefill_timeout_s: float = 30.0
+    hold_timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.on_prefill_failure not in ("recompute", "fail"):
+            raise ValueError("on_prefill_failure must be 'recompute' or 'fail'")
+        if self.remote_prefill_threshold < 0 or self.prefill_timeout_s <= 0:
+            raise ValueError("threshold must be >= 0 and the prefill timeout > 0")
+
+
+@dataclass
+class Attempts:
+    """One request's prefill workers: the router's alternates, those tried, and the current
+    attempt's deadline."""
+
+    alternates: list[str]
+    tried: list[str] = field(default_factory=list)
+    deadline: float = 0.0
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """What the policy did with a failed attempt: `retry_on` the next worker, prefill here
+    (`local`), or neither (`failed`: the scheduler has finished the request in error and the
+    driver ends its stream)."""
+
+    reason: str
+    retry_on: str | None
+    local: bool
+
+    @property
+    def failed(self) -> bool:
+        return self.retry_on is None and not self.local
+
+    @property
+    def action(self) -> str:
+        if self.retry_on is not None:
+            return f"retrying on {self.retry_on}"
+        return "prefilling locally" if self.local else "failing it"
+
+
+class PrefillFailover:
+    """Owns each request's attempts and the holds of abandoned attempts: their deadlines and
+    the aborts not confirmed yet."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        options: DecodeOptions,
+        send_abort: Callable[[RemoteHold], bool],
+    ) -> None:
+        self.scheduler = scheduler
+        self.kv: KVCacheManager = scheduler.kv
+        self.options = options
+        self.send_abort = send_abort
+        self.attempts: dict[str, Attempts] = {}  # request id ->
+        self.hold_deadlines: dict[str, float] = {}  # hold key ->
+        self.unconfirmed: dict[str, RemoteHold] = {}  # same keys: the aborts to resend
+        self.next_resend = 0.0
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def track(self, request: Request, alternates: list[str]) -> None:
+        """A new request: the router's alternates to its prefill worker, best first."""
+        others = [a for a in alternates if a != request.prefill_worker]
+        self.attempts[request.request_id] = Attempts(others)
+
+    def forget(self, request_id: str) -> None:
+        """The request ended (its holds, if any, live on under their own keys)."""
+        self.attempts.pop(request_id, None)
+
+    def sent(self, request: Request, now: float) -> None:
+        """The current attempt goes to `request.prefill_worker` now; its deadline starts."""
+        attempts = self.attempts[request.request_id]
+        attempts.tried.append(request.prefill_worker)
+        attempts.deadline = now + self.options.prefill_timeout_s
+
+    def current(self, request_id: str, attempt: int) -> Request | None:
+        """The request if it waits for exactly this attempt (else the attempt is late)."""
+        request = self.scheduler.remote.get(request_id)
+        if request is None or request.status != RequestStatus.WAITING_FOR_REMOTE_KV:
+            return None
+        return request if request.num_remote_attempts == attempt else None
+
+    def waiting_on(self, worker: str) -> list[Request]:
+        """The requests whose current attempt is on `worker`."""
+        return [r for r in self.scheduler.remote.values() if r.prefill_worker == worker]
+
+    def overdue(self, now: float) -> list[Request]:
+        """The requests whose current attempt passed its deadline."""
+        remote = self.scheduler.remote.values()
+        return [r for r in remote if now >= self.attempts[r.request_id].deadline]
+
+    def fall_back(self, request_id: str, reason: str) -> Fallback:
+        """Retry on another worker once, then recompute here or fail, per the policy; the
+        scheduler's side is done (`retry_remote`, or `finish_requests` in error)."""
+        attempts = self.attempts[request_id]
+        untried = [w for w in attempts.alternates if w not in attempts.tried]
+        if len(attempts.tried) < 2 and untried:
+            decision = Fallback(reason, untried[0], local=False)
+        else:
+            decision = Fallback(reason, None, self.options.on_prefill_failure == "recompute")
+        if decision.failed:
+            self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ERROR)
+            self.forget(request_id)
+        else:
+            self.scheduler.retry_remote(request_id, decision.retry_on)
+        return decision
+
+    # -- holds of abandoned attempts -------------------------------------------------------
+
+    def send_aborts(self, now: float) -> list[RemoteHold]:
+        """Resend the unconfirmed aborts when `ABORT_RESEND_S` has passed (the first may have
+        died with its worker), then hold and abort the attempts abandoned since the last
+        call. Returns the new ones whose abort could not be sent (resent later)."""
+        if now >= self.next_resend:
+            self.next_resend = now + ABORT_RESEND_S
+            for hold in list(self.unconfirmed.values()):
+                self.send_abort(hold)
+        unsent = []
+        for hold in self.scheduler.abandoned_remote:
+            if not self.kv.is_held(hold.key):
+                continue  # already released: the worker reported that nothing is in flight
+            self.hold_deadlines[hold.key] = now + self.options.hold_timeout_s
+            self.unconfirmed[hold.key] = hold
+            if not self.send_abort(hold):
+                unsent.append(hold)
+        self.scheduler.abandoned_remote.clear()
+        return unsent
+
+    def expired_holds(self, now: float) -> list[str]:
+        """Keys of the holds whose worker never confirmed by their deadline (to release)."""
+        return [key for key, deadline in self.hold_deadlines.items() if now >= deadline]
+
+    def release(self, key: str) -> None:
+        """Nothing more lands in the attempt's blocks: give them back."""
+        self.hold_deadlines.pop(key, None)
+        self.unconfirmed.pop(key, None)
+        self.kv.release(key)
+
+    def next_due(self) -> float | None:
+        """When the next deadline passes or the aborts are due again (None: nothing waits);
+        for a driver that sleeps between events."""
+        times = [self.attempts[r].deadline for r in self.scheduler.remote]
+        times += self.hold_deadlines.values()
+        if self.unconfirmed:
+            times.append(self.next_resend)
+        return min(times, default=None)
