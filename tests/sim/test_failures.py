@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.engine.prefill_failover import ABORT_RESEND_S
 from tandem.sim.cluster import Cluster, ClusterConfig, RequestRecord
 from tandem.sim.faults import Faults, PrefillOutage
 from tandem.sim.profiles import load_profile
@@ -80,6 +81,37 @@ def test_a_restarted_worker_confirms_the_aborts_and_serves_again():
     back = [r for r in records if r.arrival_s > 2.5]
     assert back and all(r.remote and not r.fallbacks for r in back)
     assert cluster.retired and cluster.prefills[0].agent != cluster.retired[0].agent
+
+
+def test_the_aborts_are_resent_and_the_restarted_worker_frees_the_holds_within_a_period():
+    """The decode nodes' real `PrefillFailover` sends aborts that find the worker down, then
+    resends them every `ABORT_RESEND_S` on the simulated clock: the holds of the attempts
+    that died with the worker are all released within one resend period of its restart."""
+    kill_s, restart_after_s = 0.5, 0.7
+    config = ClusterConfig(num_prefill=1, num_decode=2, hold_timeout_s=1000.0)
+    cluster = Cluster(
+        config, SHAPE, H100, faults=Faults(outages=(PrefillOutage(0, kill_s, restart_after_s),))
+    )
+    released: list[tuple[float, str]] = []
+    for d in cluster.decodes:
+        release = d.failover.release
+
+        def logged(key: str, release=release) -> None:
+            released.append((cluster.events.now, key))
+            release(key)
+
+        d.failover.release = logged
+    records = cluster.run(REQUESTS)
+    assert_clean(cluster, records)
+    hit = {r.request_id for r in records if "disconnected" in r.fallbacks}
+    died = [(t, key) for t, key in released if key.split("@")[0] in hit and key.endswith("@1")]
+    assert hit and len(died) >= len(hit)
+    restart_s = kill_s + restart_after_s
+    # nobody confirms while the worker is down; its successor confirms the next resend
+    assert all(t > restart_s for t, _ in died)
+    hops = 4 * H100.network_latency_s  # connect, abort, confirmation, and a step's wait
+    assert max(t for t, _ in died) <= restart_s + ABORT_RESEND_S + hops + 0.1
+    assert cluster.num_hold_timeouts == 0
 
 
 def test_with_on_prefill_failure_fail_the_requests_in_flight_end_in_error():
