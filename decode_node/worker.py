@@ -331,7 +331,9 @@ class DecodeWorker:
             request.request_id, reason, detail, decision.action,
         )  # fmt: skip
         if decision.failed:
-            self._finish(stream, error=f"remote prefill failed ({reason}: {detail})")
+            self._finish(
+                stream, error=f"remote prefill failed ({reason}: {detail})", error_source="prefill"
+            )
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -391,12 +393,22 @@ class DecodeWorker:
         else:
             stream.sink(self._record(stream, [token]))
 
-    def _finish(self, stream: Stream, tokens: list[int] = (), error: str | None = None) -> None:
-        """Send the final record (with `tokens`, not streamed yet) and forget the stream."""
+    def _finish(
+        self,
+        stream: Stream,
+        tokens: list[int] = (),
+        error: str | None = None,
+        error_source: str = "decode",
+    ) -> None:
+        """Send the final record (with `tokens`, not streamed yet) and forget the stream.
+        An `error` names its `error_source`: "prefill" when the remote prefill failed and
+        this node is sound (the router then keeps it in its pool)."""
         with request_log.request_context(stream.log_id):
-            self._finish_now(stream, list(tokens), error)
+            self._finish_now(stream, list(tokens), error, error_source)
 
-    def _finish_now(self, stream: Stream, tokens: list[int], error: str | None) -> None:
+    def _finish_now(
+        self, stream: Stream, tokens: list[int], error: str | None, error_source: str
+    ) -> None:
         request = stream.request
         del self.streams[request.request_id]
         self.failover.forget(request.request_id)
@@ -404,6 +416,7 @@ class DecodeWorker:
         record = self._record(stream, list(tokens), finished=True)
         if error is not None:
             record["error"] = error
+            record["error_source"] = error_source
         m = self.core.metrics
         m.child(m.e2e).observe(time.monotonic() - stream.arrival)
         m.child(m.request_success, finish_reason=record["finish_reason"]).inc()

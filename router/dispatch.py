@@ -40,7 +40,13 @@ class Job:
 
 
 class WorkerFailed(Exception):
-    """The decode worker failed the request (retriable while nothing was streamed)."""
+    """The decode worker failed the request (retriable while nothing was streamed).
+    `worker_at_fault` is False when the worker says the failure was not its own (its remote
+    prefill failed under `--on-prefill-failure fail`): it stays in the pool."""
+
+    def __init__(self, message: str, worker_at_fault: bool = True) -> None:
+        super().__init__(message)
+        self.worker_at_fault = worker_at_fault
 
 
 class StreamBroken(APIError):
@@ -114,7 +120,8 @@ class Dispatcher:
                     yield record
                 return
             except WorkerFailed as exc:
-                self.pool.health_failed(route.decode.url, eject=True)
+                if exc.worker_at_fault:
+                    self.pool.health_failed(route.decode.url, eject=True)
                 if streamed:
                     raise StreamBroken(f"decode worker failed mid-stream: {exc}") from exc
                 if len(tried) >= self.max_attempts:
@@ -124,7 +131,8 @@ class Dispatcher:
                 logger.warning(
                     "request %s: %s; retrying on another decode worker", job.request_id, exc
                 )
-                self.metrics.child(self.metrics.retries, reason="decode_failed").inc()
+                reason = "decode_failed" if exc.worker_at_fault else "prefill_failed"
+                self.metrics.child(self.metrics.retries, reason=reason).inc()
 
     async def _attempt(self, job: Job, route: Route) -> AsyncIterator[dict[str, Any]]:
         decode, prefill = route.decode, route.prefill
@@ -163,7 +171,8 @@ class Dispatcher:
                     prefill_state = None
                     finished = record["finish_reason"] is not None
                     if record.get("error"):
-                        raise WorkerFailed(record["error"])
+                        at_fault = record.get("error_source") != "prefill"
+                        raise WorkerFailed(record["error"], worker_at_fault=at_fault)
                     yield record
             if not finished:
                 raise WorkerFailed(f"{decode.url} closed the stream before the end")

@@ -89,6 +89,7 @@ def test_fail_policy_ends_the_request_with_an_error(cluster):
         p1.resume()
     assert tokens == [] and last["finish_reason"] == "error"
     assert "remote prefill failed" in last["error"]
+    assert last["error_source"] == "prefill"  # the router keeps this node in its pool
     assert fallbacks(d, "timeout") == before + 1
     assert_clean(d, p1)
 
