@@ -191,7 +191,9 @@ class NodeAgent:
 
     def notify(self, remote: str, message: bytes) -> None:
         """Notify the decode node's rank 0 (loaded again if its agent was evicted)."""
-        self.local.agent.connect(self._peers[remote][0])
+        peers = self._peers.get(remote)
+        if peers is not None:
+            self.local.agent.connect(peers[0])
         self.local.agent.notify(remote, message)
 
     def notifications(self) -> list[tuple[str, bytes]]:
