@@ -17,9 +17,12 @@ processes spent beyond the simulated engine time (from /proc), charged per decod
 is fitted. The validation slice is the `--num-requests`
 after it, never seen by the fit.
 
-With `--background-load measured` the simulated host also runs the other tenants' work:
-the cores they kept busy during the real validation run (all of /proc/stat's busy time
-less the deployment's and the client's own CPU), as `host_background_load`.
+With `--background-load measured` the simulated host also runs the work that is not a
+node's step: the cores kept busy during the real validation run by everything but the
+prefill and decode processes (all of /proc/stat's busy time less their CPU: other tenants,
+the router, the client, the supervisor), as `host_background_load`. The simulated nodes
+share the host's cores with it and with each other by processor sharing
+(`sim/shared_cores.py`).
 
 Besides the latencies it prints what the decode nodes measured themselves (their mean
 inter-token latency, their steps) and the CPU seconds of each process of the deployment,
@@ -174,8 +177,13 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
         figures = _figures(requests, *asyncio.run(replay(base, requests)))
         after, cpu_after, host_after = node_counters(base), cpu_seconds(root), host_busy()
         figures["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
-        others = host_after - host_before - sum(figures["cpu_s"].values())
+        # everything on the host but the nodes: other tenants, the router, the client
+        cpu = figures["cpu_s"]
+        others = host_after - host_before - cpu.get("decode", 0.0) - cpu.get("prefill", 0.0)
         figures["background_cores"] = max(0.0, others) / figures["duration_s"]
+        figures["tenant_cores"] = (
+            max(0.0, host_after - host_before - sum(cpu.values())) / (figures["duration_s"])
+        )
         gaps = after["itl_count"] - before["itl_count"]
         figures["node_itl_mean"] = (after["itl_sum"] - before["itl_sum"]) / max(gaps, 1)
         figures["decode_steps"] = after["steps"] - before["steps"]
@@ -291,19 +299,25 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
     }
 
 
-def fit_overhead(args, model: str, profile, requests, real: dict) -> DeviceProfile:
+def fit_overhead(
+    args, model: str, profile, requests, real: dict
+) -> tuple[DeviceProfile, dict[str, str]]:
     """The decode node's work outside the model (scheduling, detokenizing, streaming the
     records, which bench/calibrate.py does not time) from CPU accounting on a calibration
     slice: the CPU seconds the decode processes spent beyond the simulated engine time (on
     unshared cores), per step they ran (`step_overhead_s`) or per token they produced
-    (`token_overhead_s`), as `--fit-overhead` says. No latency is fitted."""
+    (`token_overhead_s`), as `--fit-overhead` says. No latency is fitted. Also each role's
+    CPU seconds against its simulated engine time alone, for the record."""
     alone = dataclasses.replace(profile, token_overhead_s=0.0, step_overhead_s=0.0, host_cores=0)
-    engine_s = run_sim(args, model, alone, requests)["busy_s"]["decode"]
-    extra = max(0.0, real["cpu_s"].get("decode", 0.0) - engine_s)
+    engine = run_sim(args, model, alone, requests)["busy_s"]
+    cpu = real["cpu_s"]
+    record = {role: f"{cpu.get(role, 0.0):.2f}/{engine[role]:.2f}" for role in engine}
+    extra = max(0.0, cpu.get("decode", 0.0) - engine["decode"])
     if args.fit_overhead == "step":
-        return dataclasses.replace(profile, step_overhead_s=extra / max(real["decode_steps"], 1))
+        steps = max(real["decode_steps"], 1)
+        return dataclasses.replace(profile, step_overhead_s=extra / steps), record
     tokens = sum(r.num_output_tokens - 1 for r in requests)  # the first comes from prefill
-    return dataclasses.replace(profile, token_overhead_s=extra / max(tokens, 1))
+    return dataclasses.replace(profile, token_overhead_s=extra / max(tokens, 1)), record
 
 
 def _slice(trace: list[SimRequest], start: int, n: int) -> list[SimRequest]:
@@ -331,14 +345,16 @@ def one_run(args, model: str, profile, fit_slice, requests) -> dict:
     load_before = os.getloadavg()
     reals = run_real(args, model, [s for s in (fit_slice, requests) if s])
     load_after = os.getloadavg()
+    record = {}
     if fit_slice:
-        profile = fit_overhead(args, model, profile, fit_slice, reals[0])
+        profile, record = fit_overhead(args, model, profile, fit_slice, reals[0])
     real = reals[-1]
     if args.background_load == "measured":  # the other tenants, during the real run
         profile = dataclasses.replace(profile, host_background_load=real["background_cores"])
     return {
         "real": real,
         "sim": run_sim(args, model, profile, requests),
+        "fit_cpu": record,
         "load_before": load_before[0],
         "load_after": load_after[0],
         "step_overhead_s": profile.step_overhead_s,
@@ -386,7 +402,8 @@ def print_run(i: int, run: dict) -> None:
         f"run {i + 1}: load {run['load_before']:.2f} -> {run['load_after']:.2f}; "
         f"step_overhead_s {1e3 * run['step_overhead_s']:.2f} ms, token_overhead_s "
         f"{1e3 * run['token_overhead_s']:.2f} ms, background {run['host_background_load']:.2f} "
-        f"cores; real/sim (ms, req/s): {figs}; decode nodes' own ITL "
+        f"cores (other tenants {real['tenant_cores']:.2f}); fit slice CPU / engine alone "
+        f"s: {run['fit_cpu']}; real/sim (ms, req/s): {figs}; decode nodes' own ITL "
         f"{1e3 * real['node_itl_mean']:.2f} ms; CPU s over {real['duration_s']:.1f} s: "
         + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
         + "; simulated engine s: "
