@@ -17,9 +17,12 @@ processes spent beyond the simulated engine time (from /proc), charged per decod
 is fitted. The validation slice is the `--num-requests`
 after it, never seen by the fit.
 
-With `--background-load measured` the simulated host also runs the other tenants' work:
-the cores they kept busy during the real validation run (all of /proc/stat's busy time
-less the deployment's and the client's own CPU), as `host_background_load`.
+With `--background-load measured` the simulated host also runs the work that is not a
+node's step: the cores kept busy during the real validation run by everything but the
+prefill and decode processes (all of /proc/stat's busy time less their CPU: other tenants,
+the router, the client, the supervisor), as `host_background_load`. The simulated nodes
+share the host's cores with it and with each other by processor sharing
+(`sim/shared_cores.py`).
 
 Besides the latencies it prints what the decode nodes measured themselves (their mean
 inter-token latency, their steps) and the CPU seconds of each process of the deployment,
@@ -85,7 +88,15 @@ def parse_args() -> argparse.Namespace:
         help="other tenants' busy cores on this host: a number, 'measured' (during the real "
         "run, from /proc/stat less the deployment's own CPU) or 'none'",
     )
-    p.add_argument("--out", default=None, help="write both sides' figures as JSON")
+    p.add_argument("--repeat", type=int, default=1, help="real runs (fresh deployments)")
+    p.add_argument(
+        "--max-load",
+        type=float,
+        default=0.0,
+        help="before each run, wait (at most 15 min) until the 1-minute load average is "
+        "below this (0: do not wait)",
+    )
+    p.add_argument("--out", default=None, help="write every run's figures as JSON")
     return p.parse_args()
 
 
@@ -166,8 +177,13 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
         figures = _figures(requests, *asyncio.run(replay(base, requests)))
         after, cpu_after, host_after = node_counters(base), cpu_seconds(root), host_busy()
         figures["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
-        others = host_after - host_before - sum(figures["cpu_s"].values())
+        # everything on the host but the nodes: other tenants, the router, the client
+        cpu = figures["cpu_s"]
+        others = host_after - host_before - cpu.get("decode", 0.0) - cpu.get("prefill", 0.0)
         figures["background_cores"] = max(0.0, others) / figures["duration_s"]
+        figures["tenant_cores"] = (
+            max(0.0, host_after - host_before - sum(cpu.values())) / (figures["duration_s"])
+        )
         gaps = after["itl_count"] - before["itl_count"]
         figures["node_itl_mean"] = (after["itl_sum"] - before["itl_sum"]) / max(gaps, 1)
         figures["decode_steps"] = after["steps"] - before["steps"]
@@ -283,19 +299,25 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
     }
 
 
-def fit_overhead(args, model: str, profile, requests, real: dict) -> DeviceProfile:
+def fit_overhead(
+    args, model: str, profile, requests, real: dict
+) -> tuple[DeviceProfile, dict[str, str]]:
     """The decode node's work outside the model (scheduling, detokenizing, streaming the
     records, which bench/calibrate.py does not time) from CPU accounting on a calibration
     slice: the CPU seconds the decode processes spent beyond the simulated engine time (on
     unshared cores), per step they ran (`step_overhead_s`) or per token they produced
-    (`token_overhead_s`), as `--fit-overhead` says. No latency is fitted."""
+    (`token_overhead_s`), as `--fit-overhead` says. No latency is fitted. Also each role's
+    CPU seconds against its simulated engine time alone, for the record."""
     alone = dataclasses.replace(profile, token_overhead_s=0.0, step_overhead_s=0.0, host_cores=0)
-    engine_s = run_sim(args, model, alone, requests)["busy_s"]["decode"]
-    extra = max(0.0, real["cpu_s"].get("decode", 0.0) - engine_s)
+    engine = run_sim(args, model, alone, requests)["busy_s"]
+    cpu = real["cpu_s"]
+    record = {role: f"{cpu.get(role, 0.0):.2f}/{engine[role]:.2f}" for role in engine}
+    extra = max(0.0, cpu.get("decode", 0.0) - engine["decode"])
     if args.fit_overhead == "step":
-        return dataclasses.replace(profile, step_overhead_s=extra / max(real["decode_steps"], 1))
+        steps = max(real["decode_steps"], 1)
+        return dataclasses.replace(profile, step_overhead_s=extra / steps), record
     tokens = sum(r.num_output_tokens - 1 for r in requests)  # the first comes from prefill
-    return dataclasses.replace(profile, token_overhead_s=extra / max(tokens, 1))
+    return dataclasses.replace(profile, token_overhead_s=extra / max(tokens, 1)), record
 
 
 def _slice(trace: list[SimRequest], start: int, n: int) -> list[SimRequest]:
@@ -305,9 +327,97 @@ def _slice(trace: list[SimRequest], start: int, n: int) -> list[SimRequest]:
     return [dataclasses.replace(r, arrival_s=r.arrival_s - t0) for r in part]
 
 
+FIGURES = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "throughput_rps")
+
+
+def wait_quiet(max_load: float, bound_s: float = 900.0) -> None:
+    """Until the 1-minute load average is below `max_load` (0: do not wait), at most
+    `bound_s`; a run on a busy host measures the other tenants."""
+    deadline = time.monotonic() + bound_s
+    while max_load and os.getloadavg()[0] >= max_load and time.monotonic() < deadline:
+        time.sleep(5)
+
+
+def one_run(args, model: str, profile, fit_slice, requests) -> dict:
+    """One real deployment (fresh `tandem serve`) replaying the fit slice and the
+    validation slice, the profile fitted on the first, and the simulation of the second."""
+    wait_quiet(args.max_load)
+    load_before = os.getloadavg()
+    reals = run_real(args, model, [s for s in (fit_slice, requests) if s])
+    load_after = os.getloadavg()
+    record = {}
+    if fit_slice:
+        profile, record = fit_overhead(args, model, profile, fit_slice, reals[0])
+    real = reals[-1]
+    if args.background_load == "measured":  # the other tenants, during the real run
+        profile = dataclasses.replace(profile, host_background_load=real["background_cores"])
+    return {
+        "real": real,
+        "sim": run_sim(args, model, profile, requests),
+        "fit_cpu": record,
+        "load_before": load_before[0],
+        "load_after": load_after[0],
+        "step_overhead_s": profile.step_overhead_s,
+        "token_overhead_s": profile.token_overhead_s,
+        "host_background_load": profile.host_background_load,
+    }
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """Median, min and max."""
+    return float(np.median(values)), min(values), max(values)
+
+
+def summary_table(runs: list[dict]) -> list[str]:
+    """Per figure: the real median and its run-to-run range, the simulated median and
+    range, the error of the simulated median against the real median, and the range of
+    the paired (same run) errors."""
+    lines = [
+        "| figure | real median [min-max] | simulated median [min-max] | error of medians "
+        "| paired errors [min-max] |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for key in (*FIGURES, "tpot_token_mean", "decode_steps"):
+        unit = 1.0 if key in ("throughput_rps", "decode_steps") else 1e3
+        real = spread([unit * r["real"][key] for r in runs])
+        sim = spread([unit * r["sim"][key] for r in runs])
+        paired = [100 * (r["sim"][key] / r["real"][key] - 1) for r in runs]
+        lines.append(
+            f"| {key} | {real[0]:.2f} [{real[1]:.2f}-{real[2]:.2f}] "
+            f"| {sim[0]:.2f} [{sim[1]:.2f}-{sim[2]:.2f}] | {100 * (sim[0] / real[0] - 1):+.1f}% "
+            f"| {min(paired):+.1f}% to {max(paired):+.1f}% |"
+        )
+    return lines
+
+
+def print_run(i: int, run: dict) -> None:
+    real, sim = run["real"], run["sim"]
+    figs = ", ".join(
+        f"{k} {(1 if k == 'throughput_rps' else 1e3) * real[k]:.2f}/"
+        f"{(1 if k == 'throughput_rps' else 1e3) * sim[k]:.2f}"
+        for k in FIGURES
+    )
+    cpu = real["cpu_s"]
+    print(
+        f"run {i + 1}: load {run['load_before']:.2f} -> {run['load_after']:.2f}; "
+        f"step_overhead_s {1e3 * run['step_overhead_s']:.2f} ms, token_overhead_s "
+        f"{1e3 * run['token_overhead_s']:.2f} ms, background {run['host_background_load']:.2f} "
+        f"cores (other tenants {real['tenant_cores']:.2f}); fit slice CPU / engine alone "
+        f"s: {run['fit_cpu']}; real/sim (ms, req/s): {figs}; decode nodes' own ITL "
+        f"{1e3 * real['node_itl_mean']:.2f} ms; CPU s over {real['duration_s']:.1f} s: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
+        + "; simulated engine s: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in run["sim"]["busy_s"].items()),
+        flush=True,
+    )
+
+
 def main() -> None:
     args = parse_args()
     profile = load_profile(args.profile)
+    if args.background_load not in ("measured", "none"):
+        profile = dataclasses.replace(profile, host_background_load=float(args.background_load))
+    runs = []
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(make_model(Path(tmp) / "small", size="small"))
         vocab = load_shape(model).vocab_size
@@ -316,58 +426,25 @@ def main() -> None:
         trace = fit_lengths(scale_load(trace, args.time_scale), args.max_model_len)
         fit_slice = _slice(trace, 0, args.fit_requests) if args.fit_requests else []
         requests = _slice(trace, args.fit_requests, args.num_requests)
-        load_before = os.getloadavg()
-        if args.background_load not in ("measured", "none"):
-            profile = dataclasses.replace(profile, host_background_load=float(args.background_load))
-        reals = run_real(args, model, [s for s in (fit_slice, requests) if s])
-        load_after = os.getloadavg()
+        print(f"command: python -P bench/sim_validate.py {' '.join(sys.argv[1:])}")
+        print(f"machine: {describe_host()}")
         if fit_slice:
-            profile = fit_overhead(args, model, profile, fit_slice, reals[0])
-        real = reals[-1]
-        if args.background_load == "measured":  # the other tenants, during the real run
-            profile = dataclasses.replace(profile, host_background_load=real["background_cores"])
-        sim = run_sim(args, model, profile, requests)
-    print(f"command: python -P bench/sim_validate.py {' '.join(sys.argv[1:])}")
-    print(f"machine: {describe_host()}")
-    print(
-        "load average (1, 5, 15 min) before the real run: "
-        f"{', '.join(f'{x:.2f}' for x in load_before)}; after: "
-        f"{', '.join(f'{x:.2f}' for x in load_after)}"
-    )
-    if fit_slice:
-        print(
-            f"fitted on requests 0-{args.fit_requests - 1} (decode CPU beyond the engine "
-            f"model, per {args.fit_overhead}): step_overhead_s "
-            f"{1e3 * profile.step_overhead_s:.3f} ms, token_overhead_s "
-            f"{1e3 * profile.token_overhead_s:.3f} ms"
-        )
-    print(f"host_background_load {profile.host_background_load:.2f}")
-    print(f"validation: requests {args.fit_requests}-{total - 1}, prompt tokens "
-          f"{sum(r.num_prompt_tokens for r in requests)}, output tokens "
-          f"{sum(r.num_output_tokens for r in requests)}")  # fmt: skip
-    print("| figure | real | simulated | error |")
-    print("| --- | ---: | ---: | ---: |")
-    for key in sim:
-        if key == "busy_s":
-            continue
-        err = (sim[key] - real[key]) / real[key]
-        unit = 1.0 if key in ("throughput_rps", "decode_steps") else 1e3
-        print(f"| {key} | {unit * real[key]:.2f} | {unit * sim[key]:.2f} | {100 * err:+.1f}% |")
-    print(
-        f"the decode nodes' own mean inter-token latency: {1e3 * real['node_itl_mean']:.2f} ms "
-        f"(the client's token mean {1e3 * real['tpot_token_mean']:.2f} ms, simulated "
-        f"{1e3 * sim['tpot_token_mean']:.2f} ms)"
-    )
-    cpu = real["cpu_s"]
-    print(
-        f"CPU seconds during the real run ({real['duration_s']:.1f} s, "
-        f"{sum(cpu.values()) / real['duration_s']:.2f} cores busy): "
-        + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
-        + "; simulated engine time: "
-        + ", ".join(f"{k} {v:.1f}" for k, v in sim["busy_s"].items())
-    )
+            print(
+                f"fit slice: requests 0-{args.fit_requests - 1} (decode CPU beyond the "
+                f"engine model, per {args.fit_overhead}), replayed first in every run"
+            )
+        print(f"validation: requests {args.fit_requests}-{total - 1}, prompt tokens "
+              f"{sum(r.num_prompt_tokens for r in requests)}, output tokens "
+              f"{sum(r.num_output_tokens for r in requests)}", flush=True)  # fmt: skip
+        for i in range(args.repeat):
+            runs.append(one_run(args, model, profile, fit_slice, requests))
+            print_run(i, runs[-1])
+    print(f"{len(runs)} runs, each a fresh deployment; 1-minute load average before each: "
+          + ", ".join(f"{r['load_before']:.2f}" for r in runs)
+          + "; after: " + ", ".join(f"{r['load_after']:.2f}" for r in runs))  # fmt: skip
+    print("\n".join(summary_table(runs)))
     if args.out:
-        Path(args.out).write_text(json.dumps({"real": real, "sim": sim}, indent=2))
+        Path(args.out).write_text(json.dumps(runs, indent=2))
 
 
 if __name__ == "__main__":

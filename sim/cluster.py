@@ -23,6 +23,7 @@ from tandem.sim.prefill import SimPrefill
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.router import SimRouter, prefill_index, prefill_url
 from tandem.sim.shapes import ModelShape
+from tandem.sim.shared_cores import SharedCores
 from tandem.sim.step_model import StepTimeModel
 from tandem.sim.transfer_model import TransferModel
 from tandem.sim.workload import SimRequest
@@ -117,7 +118,7 @@ class Cluster:
         self.profile = profile
         self.faults = faults or Faults()
         self.events = EventQueue()
-        self.num_stepping = 0  # nodes in the middle of a step
+        self.cores = SharedCores(self.events, profile.host_cores, profile.host_background_load)
         self.num_hold_timeouts = 0  # holds released by their deadline, not a confirmation
         self.records: dict[str, RequestRecord] = {}
         self._live: dict[str, _Live] = {}
@@ -159,14 +160,6 @@ class Cluster:
     def send(self, callback: Callable[..., None], *args: Any) -> None:
         """Deliver a message after one network hop."""
         self.events.after(self.profile.network_latency_s, callback, *args)
-
-    def contention(self) -> float:
-        """How much longer a step starting now takes on shared host cores (1: no sharing):
-        the nodes stepping and the other tenants' runnable threads share `host_cores`."""
-        p = self.profile
-        if not p.host_cores:
-            return 1.0
-        return max(1.0, (self.num_stepping + p.host_background_load) / p.host_cores)
 
     def prefill_at(self, endpoint: str) -> SimPrefill:
         """The node at a prefill endpoint now (dead if it died and has not restarted)."""

@@ -88,16 +88,18 @@ class SimNode:
             self.publish()
             return
         self.stepping = True
-        self.cluster.num_stepping += 1
-        duration = self.step_model.step_time(step_shape(out)) * self.cluster.contention()
-        self.busy_s += duration
-        self.kv_usage_s += duration * self.kv.usage()
         self.num_steps += 1
-        self.cluster.events.after(duration, self._end_step, out)
+        work = self.step_model.step_time(step_shape(out))
+        now = self.cluster.events.now
+        self.cluster.cores.start(self, work, self._end_step, out, now, self.kv.usage())
+        # its duration: the work alone, stretched while other steps share the host's cores
 
-    def _end_step(self, out: SchedulerOutput) -> None:
+    def _end_step(self, out: SchedulerOutput, started_s: float, kv_usage: float) -> None:
         if self.dead:
             return  # the cluster stopped counting its step when it died
+        duration = self.cluster.events.now - started_s
+        self.busy_s += duration
+        self.kv_usage_s += duration * kv_usage
         sampled = [
             SAMPLED_TOKEN if r.num_computed_tokens + n >= r.num_tokens else None
             for r, n in zip(out.scheduled, out.num_scheduled_tokens)
@@ -107,7 +109,6 @@ class SimNode:
         finished = self.scheduler.update_from_output(out, result)
         self.after_update(out, sampled, finished)
         self.stepping = False
-        self.cluster.num_stepping -= 1
         inbox, self._inbox = self._inbox, []
         for handler, args in inbox:
             handler(*args)

@@ -44,8 +44,7 @@ class Outages:
             return
         node.dead = True
         self.num_deaths += 1
-        if node.stepping:
-            c.num_stepping -= 1
+        c.cores.stop(node)
         self._tell_decodes("on_disconnect", outage.worker)
         self._health_checks(node.url, EJECT_AFTER)
         if outage.restart_after_s is not None:

@@ -110,6 +110,6 @@ def test_nodes_sharing_host_cores_take_longer_than_nodes_with_devices_of_their_o
         cluster = Cluster(config, SHAPE, profile)
         records = cluster.run(reqs)
         ttft[cores, background] = sum(r.first_token_s - r.arrival_s for r in records)
-        assert cluster.num_stepping == 0
+        assert cluster.cores.num_stepping == 0
     # other tenants' threads on the same core slow every step further
     assert ttft[1, 2.0] > ttft[1, 0.0] > ttft[0, 0.0]
