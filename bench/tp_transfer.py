@@ -28,8 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for bench.machine
 
 from bench.machine import describe_host
-from tandem.engine.kv_heads import cuts_of, head_range, plan_pieces
+from tandem.engine.kv_heads import cuts_of, head_range, num_descs, plan_pieces
 from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.engine.parallel import kv_head_range
 from tandem.engine.rank_kv import PeerPiece, RankKV
 
 PAIRS = ((1, 1), (1, 2), (2, 1), (2, 2))
@@ -37,8 +38,7 @@ POLL_S = 0.0005
 
 
 def ranges(num_heads: int, size: int) -> list[tuple[int, int]]:
-    per = num_heads // size
-    return [(r * per, per) for r in range(size)]
+    return [kv_head_range(num_heads, rank, size) for rank in range(size)]
 
 
 def rank_caches(full: torch.Tensor, size: int, fill: bool) -> list[RankKV]:
@@ -78,11 +78,7 @@ def _target(conn, shape: tuple[int, ...], size: int) -> None:
 
 
 def bench_pair(full: torch.Tensor, p: int, d: int, ids: list[int], repeats: int) -> dict:
-    parent, child = mp.Pipe()
-    target = mp.get_context("spawn").Process(target=_target, args=(child, tuple(full.shape), d))
-    target.start()
-    child.close()  # ours: a target that dies is then an EOFError here, not a hang
-    far = parent.recv()
+    parent, target, far = _start_target(tuple(full.shape), d)
     src = rank_caches(full, p, fill=True)
     pieces = plan_pieces([r.heads for r in src], [head_range(i.layout) for i in far])
     times, repacks = [], []
@@ -101,11 +97,12 @@ def bench_pair(full: torch.Tensor, p: int, d: int, ids: list[int], repeats: int)
         if attempt:
             times.append(took)
             repacks.append(repack_s)
-        for (start_head, count), got in zip(ranges(full.shape[4], d), blocks):
-            assert torch.equal(got, full[ids][..., start_head : start_head + count, :])
+        _check(blocks, full, ids)
     parent.send(None)
     target.join()
-    descs = sum(1 if _whole(x, src, far) else len(ids) for x in pieces)
+    heads = [r.heads for r in src]
+    descs = sum(num_descs(x, heads[x.src], head_range(far[x.dst].layout), ids, ids)
+                for x in pieces)  # fmt: skip
     block_bytes = full[0].numel() * full.element_size()
     moved = block_bytes * len(ids)
     return {
@@ -121,11 +118,7 @@ def bench_pair(full: torch.Tensor, p: int, d: int, ids: list[int], repeats: int)
 def bench_strided(full: torch.Tensor, ids: list[int], repeats: int) -> dict:
     """1 -> 2 without staging: one descriptor per (block, layer, K/V, token) row of each D
     rank's heads, straight from P's block-major cache (what the staging avoids)."""
-    parent, child = mp.Pipe()
-    target = mp.get_context("spawn").Process(target=_target, args=(child, tuple(full.shape), 2))
-    target.start()
-    child.close()  # ours: a target that dies is then an EOFError here, not a hang
-    far = parent.recv()
+    parent, target, far = _start_target(tuple(full.shape), 2)
     (src,) = rank_caches(full, 1, fill=True)
     num_heads, elem = full.shape[4], full.element_size()
     row = num_heads * full.shape[5] * elem  # one (layer, K/V, token) row of every head
@@ -158,8 +151,7 @@ def bench_strided(full: torch.Tensor, ids: list[int], repeats: int) -> dict:
             times.append(time.perf_counter() - start)
     parent.send(("repack", ids, plan_pieces([src.heads], [head_range(i.layout) for i in far])))
     _, blocks = parent.recv()
-    for (first, count), got in zip(ranges(num_heads, 2), blocks):
-        assert torch.equal(got, full[ids][..., first : first + count, :])
+    _check(blocks, full, ids)
     parent.send(None)
     target.join()
     moved = full[0].numel() * elem * len(ids)
@@ -167,10 +159,19 @@ def bench_strided(full: torch.Tensor, ids: list[int], repeats: int) -> dict:
             * 1e3, "gib_s": moved / statistics.median(times) / 2**30}  # fmt: skip
 
 
-def _whole(piece, src: list[RankKV], far) -> bool:
-    """Both ends direct: a run of adjacent blocks is one descriptor."""
-    heads = (piece.start, piece.num_heads)
-    return heads == src[piece.src].heads == head_range(far[piece.dst].layout)
+def _start_target(shape: tuple[int, ...], size: int) -> tuple:
+    """The decode side's process of `size` ranks: (our pipe end, the process, its agents)."""
+    parent, child = mp.Pipe()
+    target = mp.get_context("spawn").Process(target=_target, args=(child, shape, size))
+    target.start()
+    child.close()  # ours: a target that dies is then an EOFError here, not a hang
+    return parent, target, parent.recv()
+
+
+def _check(blocks: list[torch.Tensor], full: torch.Tensor, ids: list[int]) -> None:
+    """Each decode rank's received blocks are exactly its heads of the source's."""
+    for (first, count), got in zip(ranges(full.shape[4], len(blocks)), blocks):
+        assert torch.equal(got, full[ids][..., first : first + count, :])
 
 
 def main() -> None:

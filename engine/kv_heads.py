@@ -25,8 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from msgspec.structs import replace
 
-from tandem.engine.kv_transfer import KVLayout, block_runs
+from tandem.engine.kv_transfer import KVLayout, block_runs, run_descs
 
 HeadRange = tuple[int, int]  # (first KV head, number of heads)
 Desc = tuple[int, int, int]  # NIXL (address, bytes, device)
@@ -93,18 +94,24 @@ def piece_descs(
     """(source, destination) descriptors of one piece over the blocks `src_ids` ->
     `dst_ids`. `src_base`: where the source's blocks start (its cache when `src_whole`, else
     its staging mirror of the same block size)."""
-    size = piece.num_heads * head_bytes(src)
-    dst_whole = is_whole(piece, head_range(dst))
-    if src_whole and dst_whole:
+    if src_whole and is_whole(piece, head_range(dst)):  # both whole blocks: runs merge
         runs = block_runs(src_ids, dst_ids)
-        local = [(src_base + s * src.block_bytes, n * size, src.device_id) for s, _, n in runs]
-        far = [(dst.base_addr + d * dst.block_bytes, n * size, dst.device_id) for _, d, n in runs]
-        return local, far
+        return run_descs(replace(src, base_addr=src_base), runs, 0), run_descs(dst, runs, 1)
+    size = piece.num_heads * head_bytes(src)
     src_off = (piece.start - src.kv_head_start) * head_bytes(src)
     dst_off = (piece.start - dst.kv_head_start) * head_bytes(dst)
     local = [(src_base + s * src.block_bytes + src_off, size, src.device_id) for s in src_ids]
     far = [(dst.base_addr + d * dst.block_bytes + dst_off, size, dst.device_id) for d in dst_ids]
     return local, far
+
+
+def num_descs(
+    piece: Piece, src: HeadRange, dst: HeadRange, src_ids: list[int], dst_ids: list[int]
+) -> int:
+    """Descriptors `piece_descs` makes for a piece between ranks holding `src` and `dst`."""
+    if is_whole(piece, src) and is_whole(piece, dst):
+        return len(block_runs(src_ids, dst_ids))
+    return len(src_ids)
 
 
 def stage(

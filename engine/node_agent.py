@@ -22,11 +22,10 @@ from dataclasses import dataclass
 
 from tandem.engine.kv_heads import (
     HeadRange,
-    Piece,
     cuts_of,
     head_bytes,
     head_range,
-    is_whole,
+    num_descs,
     plan_pieces,
 )
 from tandem.engine.kv_transfer import (
@@ -35,7 +34,6 @@ from tandem.engine.kv_transfer import (
     KVLayout,
     KVTransferAgent,
     Transfer,
-    block_runs,
     new_agent_name,
 )
 from tandem.engine.model_runner import ModelRunner
@@ -130,8 +128,8 @@ class NodeAgent:
         """Post our blocks `src_ids` into the decode node's `dst_ids`, from every rank to
         the ranks holding its heads. Raises when rank 0's part cannot be posted (nothing is
         then in flight); a part refused on another rank ends the write as ERR."""
-        peers = self._peers[remote]
-        pieces = plan_pieces(self.head_ranges(), [head_range(p.layout) for p in peers])
+        peers, heads = self._peers[remote], self.head_ranges()
+        pieces = plan_pieces(heads, [head_range(p.layout) for p in peers])
         parts: dict[int, list[PeerPiece]] = {}
         for piece in pieces:
             parts.setdefault(piece.src, []).append(PeerPiece(peers[piece.dst], piece))
@@ -153,21 +151,16 @@ class NodeAgent:
             write_id,
             len(src_ids),
             sum(p.num_heads for p in pieces) * head_bytes(self.layout) * len(src_ids),
-            sum(self._num_descs(p, peers, src_ids, dst_ids) for p in pieces),
+            sum(
+                num_descs(p, heads[p.src], head_range(peers[p.dst].layout), src_ids, dst_ids)
+                for p in pieces
+            ),
             time.monotonic(),
         )
         if not write.pending:
             del self._writes[write_id]
             transfer.state = "ERR" if write.failed else "DONE"
         return transfer
-
-    def _num_descs(
-        self, piece: Piece, peers: list[AgentInfo], src_ids: list[int], dst_ids: list[int]
-    ) -> int:
-        src_whole = is_whole(piece, head_range(self.ranks[piece.src].layout))
-        if src_whole and is_whole(piece, head_range(peers[piece.dst].layout)):
-            return len(block_runs(src_ids, dst_ids))
-        return len(src_ids)
 
     def poll(self, transfer: Transfer) -> str:
         """Advance `transfer`'s state (PROC, DONE or ERR) from every rank's reports."""

@@ -21,6 +21,15 @@ from tandem.engine.config import ModelConfig, check_tensor_parallel_size
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
 
+def kv_head_range(num_kv_heads: int, rank: int, size: int) -> tuple[int, int]:
+    """(first KV head, count) that rank `rank` of `size` caches: a contiguous 1/size of
+    them, or the one its query heads read when there are fewer heads than ranks."""
+    if num_kv_heads >= size:
+        per = num_kv_heads // size
+        return rank * per, per
+    return rank // (size // num_kv_heads), 1
+
+
 @dataclass(frozen=True)
 class RankShape:
     """What one rank holds of the model: counts and where its slices start in the checkpoint."""
@@ -38,9 +47,7 @@ class RankShape:
     def of(cls, model: ModelConfig, rank: int, size: int) -> RankShape:
         check_tensor_parallel_size(model, size)
         heads = model.num_heads // size
-        kv = model.num_kv_heads
-        kv_heads = max(1, kv // size)
-        kv_start = rank * kv_heads if kv >= size else rank // (size // kv)
+        kv_start, kv_heads = kv_head_range(model.num_kv_heads, rank, size)
         inter = model.intermediate_size // size
         vocab = -(-model.vocab_size // size)
         return cls(

@@ -11,6 +11,7 @@ import torch
 
 from tandem.engine.kv_heads import Piece, cuts_of, plan_pieces, repack, stage
 from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.engine.parallel import kv_head_range
 from tandem.engine.rank_kv import PeerPiece, RankKV
 from tests.bounds import HANG_S
 
@@ -18,11 +19,8 @@ NUM_BLOCKS, LAYERS, BLOCK, HEAD_DIM = 6, 2, 4, 8
 
 
 def ranges(num_heads: int, size: int) -> list[tuple[int, int]]:
-    """Each rank's (first KV head, count): split, or replicated below one head a rank."""
-    if num_heads >= size:
-        per = num_heads // size
-        return [(r * per, per) for r in range(size)]
-    return [(r // (size // num_heads), 1) for r in range(size)]
+    """Each rank's (first KV head, count), as the engine's ranks hold them."""
+    return [kv_head_range(num_heads, rank, size) for rank in range(size)]
 
 
 def test_pieces_pair_each_destination_head_with_its_first_holder():
@@ -43,6 +41,11 @@ def test_pieces_pair_each_destination_head_with_its_first_holder():
     ]  # fmt: skip
     with pytest.raises(ValueError, match="no source rank holds KV head 2"):
         plan_pieces([(0, 2)], [(0, 4)])
+
+
+def test_a_rank_holds_a_split_of_the_kv_heads_or_a_replica_of_one():
+    assert ranges(8, 2) == [(0, 4), (4, 4)]
+    assert ranges(2, 4) == [(0, 1), (0, 1), (1, 1), (1, 1)]  # the head its query heads read
 
 
 def test_stage_then_repack_restores_the_blocks():
