@@ -145,7 +145,7 @@ def main() -> None:
 def _report(samples: list[tuple[StepShape, float]], fit) -> None:
     p = fit.profile
     times = np.array([t for _, t in samples])
-    tokens = np.array([sum(s.num_tokens) for s, _ in samples])
+    tokens = np.array([s.work.num_tokens for s, _ in samples])
     print(f"steps timed: {fit.num_samples}, tokens per step {tokens.min()}-{tokens.max()}, "
           f"step time {1e3 * times.min():.2f}-{1e3 * times.max():.2f} ms")  # fmt: skip
     print(

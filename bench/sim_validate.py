@@ -9,20 +9,26 @@ throughput.
 Prompts are the trace's, mapped to token ids as `tandem simulate` maps them; every request
 streams with `ignore_eos`, so both sides produce the trace's output lengths exactly.
 
-With `--fit-requests N` the first N requests of the trace are a calibration slice: replayed
-for real, then the decode node's work outside the model (scheduling, detokenizing,
-streaming the records, which bench/calibrate.py does not time) is the CPU time the decode
-processes spent beyond the simulated engine time (from /proc), charged per decode step
-(`--fit-overhead step`, `step_overhead_s`) or per token (`token_overhead_s`); no latency
-is fitted. The validation slice is the `--num-requests`
-after it, never seen by the fit.
+With `--fit-requests N` the first N requests of the trace are a calibration slice, replayed
+for real; what is fitted on it depends on `--fit-overhead` (no latency is ever fitted; the
+validation slice is the `--num-requests` after it, never seen by the fit):
+- `log` (default): every node's step log of the slice (`GET /debug/steps`). The engine
+  profile's constants are fitted on the model runner's own CPU time per step, both roles
+  together (`sim.calibration.fit_logged_profile`: the engine as it ran inside the
+  deployment, where `bench/calibrate.py` times it alone); each role's work outside the
+  runner (scheduling, detokenizing, streaming records, KV events) is fitted per step and per
+  sequence from the process's CPU over back-to-back steps (`fit_host_overhead`, into
+  `decode_*` / `prefill_*_overhead_s`).
+- `step` / `token`: the CPU time the decode processes spent beyond the simulated engine time
+  (from /proc), charged per decode step (`step_overhead_s`) or per token
+  (`token_overhead_s`), on the shipped profile.
 
 With `--background-load measured` the simulated host also runs the work that is not a
-node's step: the cores kept busy during the real validation run by everything but the
-prefill and decode processes (all of /proc/stat's busy time less their CPU: other tenants,
-the router, the client, the supervisor), as `host_background_load`. The simulated nodes
-share the host's cores with it and with each other by processor sharing
-(`sim/shared_cores.py`).
+node's step, as `host_background_load`: the cores kept busy during the real validation run
+(/proc/stat) by everything but the logged steps (`log`: other tenants, the router, the
+client, the supervisor, and the nodes' own work between steps) or by everything but the
+prefill and decode processes (`step`, `token`). The simulated nodes share the host's cores
+with it and with each other by processor sharing (`sim/shared_cores.py`).
 
 Besides the latencies it prints what the decode nodes measured themselves (their mean
 inter-token latency, their steps) and the CPU seconds of each process of the deployment,
@@ -51,6 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.dis
 from machine import describe_host
 
 from tandem.engine.tiny_model import make_model
+from tandem.router.phase_metrics import PHASES
+from tandem.sim.calibration import fit_host_overhead, fit_logged_profile
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.profiles import DeviceProfile, load_profile
 from tandem.sim.results import SLO
@@ -80,7 +88,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--port", type=int, default=18080)
     p.add_argument("--fit-requests", type=int, default=0, help="calibration slice size")
     p.add_argument(
-        "--fit-overhead", choices=("step", "token"), default="step", help="what the fit charges"
+        "--fit-overhead",
+        choices=("log", "step", "token"),
+        default="log",
+        help="log: the engine profile and each role's work outside the model, fitted on the "
+        "nodes' step logs; step/token: the decode processes' CPU beyond the profile's "
+        "engine time, per step or per token",
     )
     p.add_argument(
         "--background-load",
@@ -174,6 +187,10 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
     out = []
     for requests in slices:
         before, cpu_before, host_before = node_counters(base), cpu_seconds(root), host_busy()
+        phases_before = router_phases(base)
+        last_steps = {
+            url: steps[-1]["seq"] if steps else 0 for url, (_, steps) in node_steps(base).items()
+        }
         figures = _figures(requests, *asyncio.run(replay(base, requests)))
         after, cpu_after, host_after = node_counters(base), cpu_seconds(root), host_busy()
         figures["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
@@ -187,6 +204,16 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
         gaps = after["itl_count"] - before["itl_count"]
         figures["node_itl_mean"] = (after["itl_sum"] - before["itl_sum"]) / max(gaps, 1)
         figures["decode_steps"] = after["steps"] - before["steps"]
+        phases = router_phases(base)
+        figures["phase_mean_s"] = {
+            k: (phases[k][0] - phases_before[k][0]) / max(phases[k][1] - phases_before[k][1], 1)
+            for k in phases
+        }
+        figures["step_log"] = logs = node_steps(base, last_steps)
+        # everything on the host but the nodes' steps (their idle work too)
+        figures["step_background_cores"] = (
+            max(0.0, host_after - host_before - step_cpu(logs)) / figures["duration_s"]
+        )
         out.append(figures)
     return out
 
@@ -252,6 +279,40 @@ def node_counters(base: str) -> dict[str, float]:
     return out
 
 
+def router_phases(base: str) -> dict[str, tuple[float, float]]:
+    """The router's per-request phases so far (`tandem_request_phase_seconds`): (sum, count)."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    name = "tandem_request_phase_seconds"
+    return {
+        phase: (
+            metric_value(text, f"{name}_sum", phase=phase),
+            metric_value(text, f"{name}_count", phase=phase),
+        )
+        for phase in PHASES
+    }
+
+
+def step_cpu(logs: dict[str, tuple[str, list[dict]]]) -> float:
+    """CPU seconds of the logged steps: the model runner's, plus the rest of the process's
+    over each measured cycle (a step followed by a wait counts its runner's time only)."""
+    total = 0.0
+    for _, steps in logs.values():
+        for r in steps:
+            total += r["cycle_cpu_s"] if r["cycle_cpu_s"] is not None else r["execute_cpu_s"]
+    return total
+
+
+def node_steps(base: str, since: dict[str, int] | None = None) -> dict[str, tuple[str, list[dict]]]:
+    """Every node's logged steps (`GET /debug/steps`) after step `since[url]`, by URL with
+    its role."""
+    out = {}
+    for w in _entries(httpx.get(f"{base}/workers", timeout=10).json()):
+        params = {"since": (since or {}).get(w["url"], 0)}
+        steps = httpx.get(f"{w['url']}/debug/steps", params=params, timeout=10).json()["steps"]
+        out[w["url"]] = (w["role"], steps)
+    return out
+
+
 def _wait_ready(base: str, proc: subprocess.Popen, log, num_workers: int) -> None:
     """Until the router sees every worker healthy."""
     deadline = time.monotonic() + 600
@@ -297,6 +358,24 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
             if s["pools"][role]["nodes"]
         },
     }
+
+
+def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[str, str]]:
+    """The engine's constants fitted on the model runner's CPU time of every logged step of
+    the calibration slice (both roles), and each role's work outside the runner per step
+    and per sequence from its measured cycles. No latency is fitted."""
+    logs = real["step_log"]
+    records = [r for _, steps in logs.values() for r in steps]
+    fit = fit_logged_profile(records, load_shape(model), profile)
+    fitted, record = fit.profile, {"engine_median_error": f"{100 * fit.median_rel_error:.1f}%"}
+    for role in ("decode", "prefill"):
+        mine = [r for role_of, steps in logs.values() if role_of == role for r in steps]
+        step_s, seq_s = fit_host_overhead(mine)
+        fitted = dataclasses.replace(
+            fitted, **{f"{role}_step_overhead_s": step_s, f"{role}_seq_overhead_s": seq_s}
+        )
+        record[role] = f"{1e3 * step_s:.3f} ms + {1e3 * seq_s:.3f} ms/seq"
+    return fitted, record
 
 
 def fit_overhead(
@@ -346,19 +425,24 @@ def one_run(args, model: str, profile, fit_slice, requests) -> dict:
     reals = run_real(args, model, [s for s in (fit_slice, requests) if s])
     load_after = os.getloadavg()
     record = {}
-    if fit_slice:
+    if fit_slice and args.fit_overhead == "log":
+        profile, record = fit_from_logs(model, profile, reals[0])
+    elif fit_slice:
         profile, record = fit_overhead(args, model, profile, fit_slice, reals[0])
     real = reals[-1]
     if args.background_load == "measured":  # the other tenants, during the real run
-        profile = dataclasses.replace(profile, host_background_load=real["background_cores"])
+        key = "step_background_cores" if args.fit_overhead == "log" else "background_cores"
+        profile = dataclasses.replace(profile, host_background_load=real[key])
     return {
         "real": real,
         "sim": run_sim(args, model, profile, requests),
         "fit_cpu": record,
+        "fit_step_log": reals[0]["step_log"] if fit_slice else {},
         "load_before": load_before[0],
         "load_after": load_after[0],
         "step_overhead_s": profile.step_overhead_s,
         "token_overhead_s": profile.token_overhead_s,
+        "profile": dataclasses.asdict(profile),
         "host_background_load": profile.host_background_load,
     }
 
@@ -430,8 +514,8 @@ def main() -> None:
         print(f"machine: {describe_host()}")
         if fit_slice:
             print(
-                f"fit slice: requests 0-{args.fit_requests - 1} (decode CPU beyond the "
-                f"engine model, per {args.fit_overhead}), replayed first in every run"
+                f"fit slice: requests 0-{args.fit_requests - 1} (--fit-overhead "
+                f"{args.fit_overhead}), replayed first in every run"
             )
         print(f"validation: requests {args.fit_requests}-{total - 1}, prompt tokens "
               f"{sum(r.num_prompt_tokens for r in requests)}, output tokens "

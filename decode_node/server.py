@@ -78,6 +78,8 @@ class DecodeLoop:
     def run_once(self) -> None:
         worker = self.worker
         timeout = 0 if worker.busy else _REMOTE_POLL_MS if worker.waiting_remote else _IDLE_POLL_MS
+        if timeout:
+            self.core.steps.wait()
         self.poller.poll(timeout)
         self.loop.run_calls()
         for endpoint, msg in self.client.receive():

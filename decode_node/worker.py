@@ -204,8 +204,7 @@ class DecodeWorker:
         if out.scheduled:
             for request in out.scheduled:
                 self._mark_admitted(request)
-            result = self.core.runner.execute(out)
-            self.core.metrics.observe_step(out)
+            result = self.core.execute(out)
             scheduler.update_from_output(out, result)  # finished ones are seen below
             for request, token in zip(out.scheduled, result.sampled_token_ids):
                 if token is not None:

@@ -21,7 +21,8 @@ from tandem.engine.metrics import NodeMetrics
 from tandem.engine.model_runner import ModelRunner
 from tandem.engine.node_agent import NodeAgent
 from tandem.engine.request_log import configure_logging
-from tandem.engine.scheduler import Scheduler
+from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tandem.engine.step_log import StepLog, StepWork
 from tandem.engine.tokenizer import load_tokenizer
 from tandem.engine.tp_group import exit_process
 from tandem.engine.tracing import add_tracing_argument
@@ -149,6 +150,20 @@ class NodeCore:
         self.grammars = grammar_compiler(config, self.tokenizer)
         self.grammars.prepare()
         self.metrics = NodeMetrics(registry, identity.model, identity.role, identity.pod)
+        self.steps = StepLog()
+
+    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one scheduled step on the model, logged and counted."""
+        clocks = self.steps.begin()
+        contexts = [
+            r.num_computed_tokens + n for r, n in zip(out.scheduled, out.num_scheduled_tokens)
+        ]
+        work = StepWork.of(out.num_scheduled_tokens, contexts)
+        result = self.runner.execute(out)
+        sampled = sum(1 for t in result.sampled_token_ids if t is not None)
+        self.steps.end(clocks, work, sampled)
+        self.metrics.observe_step(out)
+        return result
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks (their watcher first, so that a rank

@@ -164,6 +164,14 @@ class NodeServer:
                 await self.call(lambda: worker.core.kv_report() | worker.debug_report())
             )
 
+        @app.get("/debug/steps")
+        async def debug_steps(since: int = 0) -> Response:
+            """The logged engine steps after step `since` (`engine/step_log.py`)."""
+            if (busy := self.not_ready()) is not None:
+                return busy
+            steps = self.worker.core.steps
+            return JSONResponse({"steps": await self.call(lambda: steps.since(since))})
+
         @app.post("/debug/blocks")
         async def debug_blocks(query: BlocksQuery) -> Response:
             if (busy := self.not_ready()) is not None:

@@ -59,6 +59,8 @@ class PrefillLoop:
     def run_once(self) -> None:
         worker = self.worker
         timeout = 0 if worker.busy else _TRANSFER_POLL_MS if worker.jobs else _IDLE_POLL_MS
+        if timeout:
+            self.core.steps.wait()
         self.poller.poll(timeout)
         self.loop.run_calls()
         self._read_messages()

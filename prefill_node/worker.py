@@ -166,8 +166,7 @@ class PrefillWorker:
                 job.scheduled = True
                 m = self.core.metrics
                 m.child(m.queue_time).observe(time.monotonic() - job.received)
-        result = self.core.runner.execute(out)
-        self.core.metrics.observe_step(out)
+        result = self.core.execute(out)
         # Writes are posted before `update_from_output`, which frees a finished request's
         # blocks; a job that cannot post ends after it, since the batch still holds its
         # request until then.

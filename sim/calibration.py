@@ -11,13 +11,18 @@ negative is dropped and the rest refitted).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from tandem.engine.step_log import StepWork
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.shapes import ModelShape
 from tandem.sim.step_model import StepShape, StepTimeModel
+
+# Fewer measured cycles than this: no host overhead is fitted (too few to split a constant
+# from a per-sequence cost); that CPU counts as the host's background instead.
+MIN_CYCLES = 20
 
 # What a dropped 1/F or 1/B term becomes: a rate so high its term vanishes.
 _UNBOUNDED = 1e18
@@ -71,3 +76,35 @@ def fit_profile(
     check = StepTimeModel(shape, profile)
     errors = [abs(check.step_time(s) - t) / t for s, t in samples]
     return Fit(profile, float(np.median(errors)), len(samples))
+
+
+def logged_step(record: Mapping[str, float]) -> StepShape:
+    """A step of a node's step log (`GET /debug/steps`) as the step-time model sees it."""
+    work = StepWork(
+        int(record["num_seqs"]),
+        int(record["num_tokens"]),
+        int(record["num_context_tokens"]),
+        int(record["num_attention_pairs"]),
+    )
+    return StepShape(work, int(record["num_sampled"]))
+
+
+def fit_logged_profile(
+    records: Sequence[Mapping[str, float]], shape: ModelShape, base: DeviceProfile
+) -> Fit:
+    """`fit_profile` on the model runner's own CPU time of logged steps: the engine as it
+    ran inside the deployment, beside the others, rather than alone."""
+    return fit_profile([(logged_step(r), r["execute_cpu_s"]) for r in records], shape, base)
+
+
+def fit_host_overhead(records: Sequence[Mapping[str, float]]) -> tuple[float, float]:
+    """(per step, per sequence) CPU seconds a node spent outside the model runner, from its
+    logged steps' measured cycles (the process's CPU from one step's start to the next, less
+    the runner's); (0, 0) with fewer than `MIN_CYCLES` cycles."""
+    cycles = [r for r in records if r.get("cycle_cpu_s") is not None]
+    if len(cycles) < MIN_CYCLES:
+        return 0.0, 0.0
+    a = np.asarray([[1.0, r["num_seqs"]] for r in cycles])
+    y = np.asarray([r["cycle_cpu_s"] - r["execute_cpu_s"] for r in cycles])
+    step_s, seq_s = nonnegative_lstsq(a, y)
+    return float(step_s), float(seq_s)

@@ -141,7 +141,7 @@ class Cluster:
         self.outages = Outages(self)
 
     def _node(self, cls: type, url: str, role: str, tp: int) -> Any:
-        model = StepTimeModel(self.shape, self.profile, tp)
+        model = StepTimeModel(self.shape, self.profile, tp, role)
         c = self.config
         num_blocks = c.num_kv_blocks or model.kv_blocks_per_device(c.block_size)
         threshold = c.remote_prefill_threshold if role == "decode" else 0

@@ -55,6 +55,7 @@ class SimNode:
         self.busy_s = 0.0
         self.kv_usage_s = 0.0  # KV usage at each step's start, times the step's duration
         self.num_steps = 0
+        self.num_tokens = 0  # computed by its steps
         self.dead = False  # a killed node ignores its pending events and messages
         self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
 
@@ -89,6 +90,7 @@ class SimNode:
             return
         self.stepping = True
         self.num_steps += 1
+        self.num_tokens += out.total_num_scheduled_tokens
         work = self.step_model.step_time(step_shape(out))
         now = self.cluster.events.now
         self.cluster.cores.start(self, work, self._end_step, out, now, self.kv.usage())
@@ -154,4 +156,4 @@ def step_shape(out: SchedulerOutput) -> StepShape:
     """What the step-time model needs of a step's plan (before its counters advance)."""
     contexts = [r.num_computed_tokens + n for r, n in zip(out.scheduled, out.num_scheduled_tokens)]
     num_sampled = sum(1 for r, c in zip(out.scheduled, contexts) if c >= r.num_tokens)
-    return StepShape(out.num_scheduled_tokens, contexts, num_sampled)
+    return StepShape.of(out.num_scheduled_tokens, contexts, num_sampled)

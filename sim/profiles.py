@@ -20,7 +20,7 @@ class DeviceProfile:
     """One device (one GPU, or one CPU engine process) and its links.
 
     Step time = `step_overhead_s` + `seq_overhead_s` per sequence + `token_overhead_s` per
-    sampled token + the compute and memory
+    sampled token + the role's host overheads (`host_overhead`) + the compute and memory
     times (max of the two when `overlap`, the GPU roofline; their sum otherwise, as on a CPU
     where one core does both) + the tensor-parallel all-reduces.
     """
@@ -45,6 +45,14 @@ class DeviceProfile:
     # Per token a step samples: streaming it out (detokenization, a record over HTTP), which
     # on a CPU node shares the engine's interpreter; fitted by bench/sim_validate.py.
     token_overhead_s: float = 0.0
+    # A node's work around each step outside the model (scheduling, detokenizing, streaming
+    # records, metrics, KV events), per role: per step and per sequence in the batch. On a
+    # CPU host it takes the cores as the model does. Measured on a real deployment from the
+    # nodes' step logs (`GET /debug/steps`) by bench/sim_validate.py.
+    decode_step_overhead_s: float = 0.0
+    decode_seq_overhead_s: float = 0.0
+    prefill_step_overhead_s: float = 0.0
+    prefill_seq_overhead_s: float = 0.0
     memory_utilization: float = 0.9
     # CPU hosts: every node of a simulated deployment shares these cores (`tandem serve` on
     # one machine), so a step stretches while more nodes step at once than there are cores.
@@ -61,6 +69,12 @@ class DeviceProfile:
         for name in ("compute_efficiency", "bandwidth_efficiency", "memory_utilization"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"profile {self.name!r}: {name} must be in (0, 1]")
+
+    def host_overhead(self, role: str) -> tuple[float, float]:
+        """(per step, per sequence) seconds of a `role` node's work outside the model."""
+        if role not in ("decode", "prefill"):
+            raise ValueError(f"unknown node role {role!r}")
+        return getattr(self, f"{role}_step_overhead_s"), getattr(self, f"{role}_seq_overhead_s")
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")

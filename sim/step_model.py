@@ -6,22 +6,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tandem.engine.step_log import StepWork
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.shapes import ModelShape
 
 
 @dataclass(frozen=True)
 class StepShape:
-    """What the step computes: per request its new tokens and its context after the step;
-    `num_sampled` requests reach their end and get logits."""
+    """What the step computes (the engine's `StepWork`: its batch summed), and how many of
+    its requests reach their end and get logits."""
 
-    num_tokens: Sequence[int]
-    context_lens: Sequence[int]
+    work: StepWork
     num_sampled: int
+
+    @classmethod
+    def of(
+        cls, num_tokens: Sequence[int], context_lens: Sequence[int], num_sampled: int
+    ) -> StepShape:
+        """Per request its new tokens and its context after the step."""
+        return cls(StepWork.of(num_tokens, context_lens), num_sampled)
 
     @property
     def num_seqs(self) -> int:
-        return len(self.num_tokens)
+        return self.work.num_seqs
 
 
 @dataclass(frozen=True)
@@ -32,14 +39,18 @@ class StepCost:
 
 
 class StepTimeModel:
-    """Roofline of one step on `tp` devices, plus the profile's fitted overheads."""
+    """Roofline of one step on `tp` devices, plus the profile's fitted overheads and, for a
+    node of `role`, its host work around the step."""
 
-    def __init__(self, shape: ModelShape, profile: DeviceProfile, tp: int = 1) -> None:
+    def __init__(
+        self, shape: ModelShape, profile: DeviceProfile, tp: int = 1, role: str | None = None
+    ) -> None:
         if tp < 1 or (shape.num_kv_heads % tp and tp % shape.num_kv_heads):
             raise ValueError(f"tensor parallel size {tp} does not divide the KV heads")
         self.shape = shape
         self.profile = profile
         self.tp = tp
+        self._host_step, self._host_seq = profile.host_overhead(role) if role else (0.0, 0.0)
         m, b = shape, profile.dtype_bytes
         self._attn_dim = m.num_layers * m.num_heads * m.head_dim
         self._kv_per_token = m.kv_bytes_per_token(b)
@@ -48,16 +59,14 @@ class StepTimeModel:
 
     def cost(self, step: StepShape) -> StepCost:
         """FLOPs and bytes of the whole step (all TP ranks together)."""
-        m = self.shape
-        total = sum(step.num_tokens)
-        # causal attention: each new token sees the context before it, half the new ones
-        attended = sum(n * (c - n / 2) for n, c in zip(step.num_tokens, step.context_lens))
+        m, w = self.shape, step.work
+        total = w.num_tokens
         flops = (
             2 * m.layer_params * total
-            + 4 * self._attn_dim * attended
+            + 4 * self._attn_dim * w.num_attention_pairs
             + self._lm_head_flops * step.num_sampled
         )
-        kv_read = self._kv_per_token * sum(step.context_lens)
+        kv_read = self._kv_per_token * w.num_context_tokens
         kv_write = self._kv_per_token * total
         comm = 2 * m.num_layers * total * m.hidden_size * self.profile.dtype_bytes
         return StepCost(flops, self._weight_bytes + kv_read + kv_write, comm)
@@ -71,7 +80,8 @@ class StepTimeModel:
         if tp > 1:  # ring all-reduce: 2 (tp-1)/tp of the activations per device, per layer x2
             work += 2 * self.shape.num_layers * p.tp_latency_s
             work += cost.comm_bytes * 2 * (tp - 1) / tp / p.tp_bandwidth
-        overhead = p.step_overhead_s + p.seq_overhead_s * step.num_seqs
+        overhead = p.step_overhead_s + self._host_step
+        overhead += (p.seq_overhead_s + self._host_seq) * step.num_seqs
         return overhead + p.token_overhead_s * step.num_sampled + work
 
     def kv_blocks_per_device(self, block_size: int) -> int:

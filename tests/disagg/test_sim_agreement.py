@@ -1,11 +1,13 @@
 """The simulator against the real system on what is deterministic: a real decode node and
 prefill worker serve a workload one request at a time, and `tandem.sim` replays the same
 prompts; which requests hit the decode node's prefix cache, how many blocks they reuse
-(after evictions from a small cache), and which were prefilled remotely must agree. Times
-are not compared here (docs/performance.md has the timing validation)."""
+(after evictions from a small cache), which were prefilled remotely, and how many steps
+the decode node ran and tokens it computed must agree. Times are not compared here
+(docs/performance.md has the timing validation)."""
 
 from __future__ import annotations
 
+import httpx
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from tandem.sim.cluster import Cluster, ClusterConfig
 from tandem.sim.profiles import load_profile
 from tandem.sim.shapes import load_shape
 from tandem.sim.workload import SimRequest
+from tests.bounds import HANG_S
 from tests.disagg.nodes import Node, assert_clean, generate, metric_value, running
 
 BLOCK = 16
@@ -62,7 +65,15 @@ def serve_one(decode: Node, prefill: Node, rid: str, tokens: list[int]) -> tuple
     ) > remote
 
 
-def simulate(llama_dir, sent: list[list[int]], num_blocks: int) -> list[tuple[int, bool]]:
+def logged_steps(node: Node, since: int = 0) -> list[dict]:
+    return httpx.get(f"{node.url}/debug/steps", params={"since": since}, timeout=HANG_S).json()[
+        "steps"
+    ]
+
+
+def simulate(llama_dir, sent: list[list[int]], num_blocks: int) -> tuple[list, tuple[int, int]]:
+    """Per request (cached prompt tokens, prefilled remotely); the decode node's (steps,
+    tokens computed)."""
     config = ClusterConfig(
         num_prefill=1,
         num_decode=1,
@@ -80,7 +91,11 @@ def simulate(llama_dir, sent: list[list[int]], num_blocks: int) -> list[tuple[in
     ]
     records = cluster.run(requests)
     cluster.check_integrity()
-    return [(r.num_cached_tokens, bool(r.remote)) for r in records]
+    (node,) = cluster.decodes
+    return [(r.num_cached_tokens, bool(r.remote)) for r in records], (
+        node.num_steps,
+        node.num_tokens,
+    )
 
 
 def test_simulated_and_real_requests_hit_the_same_blocks(cluster, decode, llama_dir):
@@ -97,15 +112,26 @@ def test_simulated_and_real_requests_hit_the_same_blocks(cluster, decode, llama_
         sent.append(warm)
         if metric_value(decode.metrics(), "tandem_prefill_fallbacks_total") == fallbacks:
             break
+    warm_steps = logged_steps(decode)
+    last_warm = warm_steps[-1]["seq"] if warm_steps else 0  # a remote 1-token request: none
     real = [serve_one(decode, prefill, f"q{i}", p) for i, p in enumerate(prompts(vocab))]
     assert_clean(decode)
+    steps = logged_steps(decode, last_warm)
 
-    simulated = simulate(llama_dir, [*sent, *prompts(vocab)], NUM_BLOCKS)[len(sent) :]
-    assert simulated == real
+    simulated, (num_steps, num_tokens) = simulate(llama_dir, [*sent, *prompts(vocab)], NUM_BLOCKS)
+    assert simulated[len(sent) :] == real
+    _, (warm_num_steps, warm_num_tokens) = simulate(llama_dir, sent, NUM_BLOCKS)
+    # steps[0] is the first after the warm-up; the log kept every step since
+    assert steps[0]["seq"] == last_warm + 1
+    assert (len(steps), sum(s["num_tokens"] for s in steps)) == (
+        num_steps - warm_num_steps,
+        num_tokens - warm_num_tokens,
+    )
+    assert all(s["num_seqs"] == 1 for s in steps)  # served one at a time
     blocks = [cached // BLOCK for cached, _ in real]
     # the workload exercises what it should: hits and misses, remote and local prefills,
     # and evictions (a larger cache would have kept more)
     assert any(blocks) and not all(blocks)
     assert {remote for _, remote in real} == {True, False}
-    roomy = simulate(llama_dir, [*sent, *prompts(vocab)], 1000)[len(sent) :]
+    roomy = simulate(llama_dir, [*sent, *prompts(vocab)], 1000)[0][len(sent) :]
     assert sum(c for c, _ in roomy) > sum(c for c, _ in real)

@@ -1,4 +1,5 @@
-"""The profile fit recovers the constants that made the step times."""
+"""The profile fits recover the constants that made the step times: from step shapes, and
+from a node's step log (`GET /debug/steps` records), the engine's and the node's own."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tandem.sim.calibration import fit_profile, nonnegative_lstsq
+from tandem.sim.calibration import (
+    MIN_CYCLES,
+    fit_host_overhead,
+    fit_logged_profile,
+    fit_profile,
+    logged_step,
+    nonnegative_lstsq,
+)
 from tandem.sim.profiles import load_profile
 from tandem.sim.shapes import SHAPES
 from tandem.sim.step_model import StepShape, StepTimeModel
@@ -19,9 +27,8 @@ def test_nonnegative_least_squares_drops_what_would_go_negative():
     assert nonnegative_lstsq(a, np.array([3.0, 2.0, 1.0]))[1] == 0.0
 
 
-def test_the_fit_recovers_a_known_cpu_profile():
-    shape = SHAPES["llama-3-8b"]
-    truth = dataclasses.replace(
+def cpu_truth():
+    return dataclasses.replace(
         load_profile("h100"),
         peak_flops=2e11,
         mem_bandwidth=1.5e10,
@@ -31,15 +38,23 @@ def test_the_fit_recovers_a_known_cpu_profile():
         compute_efficiency=1.0,
         bandwidth_efficiency=1.0,
     )
-    model = StepTimeModel(shape, truth)
-    rng = np.random.default_rng(0)
-    samples = []
-    for _ in range(40):
+
+
+def random_steps(seed: int, count: int) -> list[StepShape]:
+    rng = np.random.default_rng(seed)
+    steps = []
+    for _ in range(count):
         n = int(rng.integers(1, 32))
         tokens = [int(t) for t in rng.integers(1, 200, n)]
         ctx = [t + int(c) for t, c in zip(tokens, rng.integers(0, 900, n))]
-        step = StepShape(tokens, ctx, n)
-        samples.append((step, model.step_time(step)))
+        steps.append(StepShape.of(tokens, ctx, int(rng.integers(0, n + 1))))
+    return steps
+
+
+def test_the_fit_recovers_a_known_cpu_profile():
+    shape, truth = SHAPES["llama-3-8b"], cpu_truth()
+    model = StepTimeModel(shape, truth)
+    samples = [(step, model.step_time(step)) for step in random_steps(0, 40)]
     fit = fit_profile(samples, shape, load_profile("h100"))
     assert fit.median_rel_error < 1e-6
     assert fit.profile.peak_flops == pytest.approx(2e11, rel=1e-3)
@@ -47,3 +62,36 @@ def test_the_fit_recovers_a_known_cpu_profile():
     assert fit.profile.step_overhead_s == pytest.approx(3e-3, rel=1e-3)
     with pytest.raises(ValueError, match="at least 4"):
         fit_profile(samples[:2], shape, truth)
+
+
+def log_record(step: StepShape, execute_cpu_s: float, cycle_cpu_s: float | None) -> dict:
+    """A step as `StepLog.since` serves it."""
+    w = step.work
+    return {
+        "seq": 0, "num_seqs": w.num_seqs, "num_tokens": w.num_tokens,
+        "num_context_tokens": w.num_context_tokens,
+        "num_attention_pairs": w.num_attention_pairs, "num_sampled": step.num_sampled,
+        "execute_cpu_s": execute_cpu_s, "cycle_s": cycle_cpu_s, "cycle_cpu_s": cycle_cpu_s,
+    }  # fmt: skip
+
+
+def test_a_logged_step_is_the_step_it_logged():
+    for step in random_steps(1, 10):
+        assert logged_step(log_record(step, 1.0, None)) == step
+
+
+def test_the_logged_fits_recover_the_engine_and_the_nodes_work_outside_it():
+    shape, truth = SHAPES["llama-3-8b"], cpu_truth()
+    model = StepTimeModel(shape, truth)
+    outside = (4e-4, 1.5e-4)  # per step, per sequence
+    records = []
+    for i, step in enumerate(random_steps(2, 60)):
+        runner = model.step_time(step)
+        cycle = runner + outside[0] + outside[1] * step.num_seqs if i % 3 else None
+        records.append(log_record(step, runner, cycle))
+    fit = fit_logged_profile(records, shape, load_profile("h100"))
+    assert fit.median_rel_error < 1e-6
+    assert fit.profile.mem_bandwidth == pytest.approx(truth.mem_bandwidth, rel=1e-3)
+    assert fit_host_overhead(records) == pytest.approx(outside, rel=1e-6)
+    cycles = [r for r in records if r["cycle_cpu_s"] is not None]
+    assert fit_host_overhead(cycles[: MIN_CYCLES - 1]) == (0.0, 0.0)  # too few to split

@@ -28,9 +28,9 @@ def test_a_model_folder_gives_its_shape(llama_dir):
 
 def test_decode_is_memory_bound_and_prefill_compute_bound_on_an_h100():
     model = StepTimeModel(LLAMA_8B, load_profile("h100"))
-    decode = model.step_time(StepShape([1] * 8, [1000] * 8, 8))
-    longer = model.step_time(StepShape([1] * 8, [4000] * 8, 8))
-    prefill = model.step_time(StepShape([2048], [2048], 1))
+    decode = model.step_time(StepShape.of([1] * 8, [1000] * 8, 8))
+    longer = model.step_time(StepShape.of([1] * 8, [4000] * 8, 8))
+    prefill = model.step_time(StepShape.of([2048], [2048], 1))
     assert longer > decode  # more KV to read
     # 8 decode tokens cost about a weight read; 2048 prompt tokens cost far more
     weights_s = LLAMA_8B.num_params * 2 / (3.35e12 * 0.8)
@@ -40,7 +40,7 @@ def test_decode_is_memory_bound_and_prefill_compute_bound_on_an_h100():
 
 def test_tensor_parallelism_shortens_a_step_and_more_gpus_hold_more_blocks():
     h100 = load_profile("h100")
-    step = StepShape([512] * 4, [512] * 4, 4)
+    step = StepShape.of([512] * 4, [512] * 4, 4)
     one, two = StepTimeModel(LLAMA_8B, h100, 1), StepTimeModel(LLAMA_8B, h100, 2)
     assert two.step_time(step) < one.step_time(step)
     assert two.kv_blocks_per_device(16) > 2 * one.kv_blocks_per_device(16)
@@ -51,9 +51,26 @@ def test_tensor_parallelism_shortens_a_step_and_more_gpus_hold_more_blocks():
 def test_a_cpu_profile_adds_compute_and_memory_times():
     h100 = load_profile("h100")
     summed = dataclasses.replace(h100, overlap=False)
-    step = StepShape([256], [256], 1)
+    step = StepShape.of([256], [256], 1)
     a, b = StepTimeModel(LLAMA_8B, h100), StepTimeModel(LLAMA_8B, summed)
     assert b.step_time(step) > a.step_time(step)
+
+
+def test_each_role_pays_its_own_work_outside_the_model():
+    cpu = dataclasses.replace(
+        load_profile("cpu"),
+        decode_step_overhead_s=1e-3,
+        decode_seq_overhead_s=2e-4,
+        prefill_step_overhead_s=5e-3,
+    )
+    step = StepShape.of([1] * 4, [100] * 4, 4)
+    bare = StepTimeModel(LLAMA_8B, cpu).step_time(step)
+    decode = StepTimeModel(LLAMA_8B, cpu, role="decode").step_time(step)
+    prefill = StepTimeModel(LLAMA_8B, cpu, role="prefill").step_time(step)
+    assert decode - bare == pytest.approx(1e-3 + 4 * 2e-4)
+    assert prefill - bare == pytest.approx(5e-3)
+    with pytest.raises(ValueError, match="unknown node role"):
+        StepTimeModel(LLAMA_8B, cpu, role="router")
 
 
 def test_transfers_count_runs_of_adjacent_blocks_and_bytes():

@@ -1,0 +1,54 @@
+"""The step log: which steps form a measured cycle, what it keeps, and its bound."""
+
+from __future__ import annotations
+
+from tandem.engine.step_log import StepLog, StepWork, attention_pairs
+
+
+def run_step(log: StepLog, num_seqs: int, spin: int = 0) -> None:
+    clocks = log.begin()
+    sum(range(spin))  # some CPU inside the "model"
+    work = StepWork.of([2] * num_seqs, [10] * num_seqs)
+    log.end(clocks, work, num_sampled=num_seqs)
+
+
+def test_back_to_back_steps_form_cycles_and_a_wait_breaks_one():
+    log = StepLog()
+    run_step(log, 1, spin=200_000)
+    run_step(log, 2)
+    log.wait()
+    run_step(log, 3)
+    run_step(log, 4)
+    records = log.since()
+    assert [r["seq"] for r in records] == [1, 2, 3, 4]
+    assert [(r["num_seqs"], r["num_tokens"], r["num_sampled"]) for r in records] == [
+        (1, 2, 1), (2, 4, 2), (3, 6, 3), (4, 8, 4),
+    ]  # fmt: skip
+    # step 1's cycle ran into step 2 without a wait; step 2 was followed by one; step 4's
+    # cycle has not ended
+    assert [r["cycle_s"] is not None for r in records] == [True, False, True, False]
+    first = records[0]
+    assert first["execute_cpu_s"] > 0
+    # the cycle holds the step's own CPU (the process clock counts the thread's too)
+    assert first["cycle_cpu_s"] >= first["execute_cpu_s"] * 0.5
+    assert first["cycle_s"] > 0
+
+
+def test_since_returns_only_later_steps_and_the_log_is_bounded():
+    log = StepLog(capacity=3)
+    for n in range(1, 6):
+        run_step(log, n)
+    assert [r["seq"] for r in log.since()] == [3, 4, 5]
+    assert [r["seq"] for r in log.since(4)] == [5]
+    assert log.since(5) == []
+
+
+def test_attention_pairs_count_causal_query_key_pairs():
+    def brute(num_new: int, context_len: int) -> int:
+        start = context_len - num_new
+        return sum(start + i + 1 for i in range(num_new))
+
+    for num_new, context_len in ((1, 1), (1, 40), (7, 7), (5, 12), (16, 300)):
+        assert attention_pairs(num_new, context_len) == brute(num_new, context_len)
+    work = StepWork.of([3, 1], [3, 9])
+    assert work == StepWork(2, 4, 12, 6 + 9)
