@@ -56,6 +56,7 @@ class SimNode:
         self.kv_usage_s = 0.0  # KV usage at each step's start, times the step's duration
         self.num_steps = 0
         self.dead = False  # a killed node ignores its pending events and messages
+        self.died_s: float | None = None
         self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
 
     def deliver(self, handler: Callable[..., None], *args: Any) -> None:
