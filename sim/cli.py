@@ -140,13 +140,13 @@ def _failure_line(f: dict) -> str:
         f"{f['errors']} failed{_counts(f['errors_by_kind'])}, "
         f"fall-backs {_counts(f['fallbacks'], '')} ({f['recomputed_locally']} recomputed "
         f"locally), {f['prefill_deaths']} prefill deaths, {f['prefill_restarts']} restarts, "
-        f"{f['hold_timeouts']} hold timeouts, {f['held_blocks_at_end']} blocks held at the end"
+        f"{f['hold_timeouts']} hold timeouts, {f['held_blocks_at_end']} blocks held at the "
+        f"end; router retries {_counts(f['router_retries'], '')}"
     )
     if f["decode_deaths"]:
         line += (
-            f"\n  decode deaths {f['decode_deaths']}, restarts {f['decode_restarts']}; router "
-            f"retries {_counts(f['router_retries'], '')}; requests hit, by outcome: "
-            f"{_counts(f['decode_death_outcomes'], '')}; KV write failures "
+            f"\n  decode deaths {f['decode_deaths']}, restarts {f['decode_restarts']}; requests "
+            f"hit, by outcome: {_counts(f['decode_death_outcomes'], '')}; KV write failures "
             f"{_counts(f['kv_transfer_failures'], '')}"
         )
     return line

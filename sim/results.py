@@ -69,8 +69,8 @@ def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> d
             "remote_requests": sum(1 for r in records if r.remote),
         },
         "pools": {
-            "decode": _pool(cluster.decodes, duration),
-            "prefill": _pool(cluster.prefills, duration),
+            "decode": _pool(cluster.all_decodes, duration),
+            "prefill": _pool(cluster.all_prefills, duration),
         },
         "failures": _failures(cluster, records),
         "num_preemptions": sum(n.scheduler.num_preemptions for n in cluster.nodes.values()),
@@ -139,12 +139,18 @@ def _prefix_cache(cluster: Cluster, records: Sequence[RequestRecord]) -> dict[st
 
 
 def _pool(nodes: Sequence, duration: float) -> dict[str, Any]:
+    """Per worker (its URL: a restarted node and the one it replaced count as one)."""
     if not nodes:
         return {"nodes": 0}
-    busy = [n.busy_s / duration for n in nodes]
-    kv = [n.kv_usage_s / duration for n in nodes]
+    busy_s: Counter[str] = Counter()
+    kv_s: Counter[str] = Counter()
+    for n in nodes:
+        busy_s[n.url] += n.busy_s
+        kv_s[n.url] += n.kv_usage_s
+    busy = [b / duration for b in busy_s.values()]
+    kv = [k / duration for k in kv_s.values()]
     return {
-        "nodes": len(nodes),
+        "nodes": len(busy),
         "busy_mean": float(np.mean(busy)),
         "busy_max": float(np.max(busy)),
         "kv_usage_mean": float(np.mean(kv)),
