@@ -120,19 +120,30 @@ class Dispatcher:
                     yield record
                 return
             except WorkerFailed as exc:
-                if exc.worker_at_fault:
-                    self.pool.health_failed(route.decode.url, eject=True)
-                if streamed:
-                    raise StreamBroken(f"decode worker failed mid-stream: {exc}") from exc
-                if len(tried) >= self.max_attempts:
-                    raise UpstreamFailed(
-                        f"request failed on {len(tried)} worker(s): {exc}"
-                    ) from exc
+                error = self.on_failure(route.decode.url, exc, streamed, len(tried))
+                if error is not None:
+                    raise error from exc
                 logger.warning(
                     "request %s: %s; retrying on another decode worker", job.request_id, exc
                 )
-                reason = "decode_failed" if exc.worker_at_fault else "prefill_failed"
-                self.metrics.child(self.metrics.retries, reason=reason).inc()
+
+    def on_failure(
+        self, url: str, exc: WorkerFailed, streamed: bool, num_tried: int
+    ) -> APIError | None:
+        """The policy for a decode worker at `url` that failed a choice after `num_tried`
+        workers were tried: eject it when at fault; then the error that ends the choice
+        (`StreamBroken` once tokens reached the client, `UpstreamFailed` after
+        `max_attempts` workers), or None: retry on another worker, counted by reason in
+        `tandem_router_retries_total`. No I/O: the simulator drives it too."""
+        if exc.worker_at_fault:
+            self.pool.health_failed(url, eject=True)
+        if streamed:
+            return StreamBroken(f"decode worker failed mid-stream: {exc}")
+        if num_tried >= self.max_attempts:
+            return UpstreamFailed(f"request failed on {num_tried} worker(s): {exc}")
+        reason = "decode_failed" if exc.worker_at_fault else "prefill_failed"
+        self.metrics.child(self.metrics.retries, reason=reason).inc()
+        return None
 
     async def _attempt(self, job: Job, route: Route) -> AsyncIterator[dict[str, Any]]:
         decode, prefill = route.decode, route.prefill

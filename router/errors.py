@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi.responses import JSONResponse
 
 from tandem.engine.node_server import error_body
@@ -20,6 +22,12 @@ class APIError(Exception):
         self.message = message
         self.param = param
         self.retry_after = retry_after
+
+    @property
+    def reason(self) -> str:
+        """The class name in snake case: the `reason` label of
+        `tandem_router_request_failures_total` (`StreamBroken` -> `stream_broken`)."""
+        return re.sub(r"(?<!^)(?=[A-Z])", "_", type(self).__name__).lower()
 
     def response(self) -> JSONResponse:
         headers = None

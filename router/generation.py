@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -140,8 +139,7 @@ class GenerationRunner:
     def _count_failure(self, exc: APIError, via: str) -> None:
         """Count a failure that is the servers' doing (5xx), by its error class."""
         if exc.status >= 500:
-            reason = re.sub(r"(?<!^)(?=[A-Z])", "_", type(exc).__name__).lower()
-            self.metrics.child(self.metrics.failures, reason=reason, via=via).inc()
+            self.metrics.child(self.metrics.failures, reason=exc.reason, via=via).inc()
 
     async def _complete(self, gen: Generation, http: HttpRequest) -> Response:
         """Gather every choice (each retried whole on failure); abort on disconnect."""

@@ -8,7 +8,7 @@ import json
 
 from tandem.sim.args import add_common_arguments, model_and_device, slo, workload
 from tandem.sim.cluster import ClusterConfig
-from tandem.sim.faults import Faults, PrefillOutage
+from tandem.sim.faults import Faults, Outage
 from tandem.sim.simulate import sweep
 
 
@@ -45,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--kill-prefill", action="append", default=[], metavar="I@T[+R]",
         help="prefill worker I dies at T simulated seconds (restarting R seconds later)",
     )  # fmt: skip
+    f.add_argument(
+        "--kill-decode", action="append", default=[], metavar="I@T[+R]",
+        help="decode worker I dies at T simulated seconds (restarting R seconds later)",
+    )  # fmt: skip
     parser.add_argument(
         "--load-factors", default="1", help="comma-separated load factors to sweep, e.g. 0.5,1,2"
     )
@@ -75,9 +79,15 @@ def cluster_config(args: argparse.Namespace, max_model_len: int) -> ClusterConfi
 
 
 def faults(args: argparse.Namespace) -> Faults:
+    outages = []
+    for role in ("prefill", "decode"):
+        for text in getattr(args, f"kill_{role}"):
+            try:
+                outages.append(Outage.parse(text, role))
+            except ValueError as exc:
+                raise SystemExit(f"error: --kill-{role}: {exc}") from exc
     try:
-        outages = tuple(PrefillOutage.parse(text) for text in args.kill_prefill)
-        return Faults(args.abort_share, args.abort_after, outages, args.seed)
+        return Faults(args.abort_share, args.abort_after, tuple(outages), args.seed)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from exc
 
@@ -121,15 +131,33 @@ def _line(r: dict) -> str:
 
 
 def _failure_line(f: dict) -> str:
-    if not (f["aborted"] or f["errors"] or f["fallbacks"] or f["prefill_deaths"]):
+    if not (
+        f["aborted"] or f["errors"] or f["fallbacks"] or f["prefill_deaths"] or f["decode_deaths"]
+    ):
         return ""
-    reasons = ", ".join(f"{k} {v}" for k, v in f["fallbacks"].items()) or "none"
-    return (
-        f"\n  failures: {f['aborted']} aborted, {f['errors']} failed, fall-backs {reasons} "
-        f"({f['recomputed_locally']} recomputed locally), {f['prefill_deaths']} prefill "
-        f"deaths, {f['prefill_restarts']} restarts, {f['hold_timeouts']} hold timeouts, "
-        f"{f['held_blocks_at_end']} blocks held at the end"
+    line = (
+        f"\n  failures: {f['aborted']} aborted, "
+        f"{f['errors']} failed{_counts(f['errors_by_kind'])}, "
+        f"fall-backs {_counts(f['fallbacks'], '')} ({f['recomputed_locally']} recomputed "
+        f"locally), {f['prefill_deaths']} prefill deaths, {f['prefill_restarts']} restarts, "
+        f"{f['hold_timeouts']} hold timeouts, {f['held_blocks_at_end']} blocks held at the "
+        f"end; router retries {_counts(f['router_retries'], '')}"
     )
+    if f["decode_deaths"]:
+        line += (
+            f"\n  decode deaths {f['decode_deaths']}, restarts {f['decode_restarts']}; requests "
+            f"hit, by outcome: {_counts(f['decode_death_outcomes'], '')}; KV write failures "
+            f"{_counts(f['kv_transfer_failures'], '')}"
+        )
+    return line
+
+
+def _counts(counts: dict[str, int], wrap: str = "()") -> str:
+    """`{"a": 1, "b": 2}` -> ` (a 1, b 2)`; `wrap` '' gives `a 1, b 2` (or `none`)."""
+    text = ", ".join(f"{k} {v}" for k, v in counts.items())
+    if not wrap:
+        return text or "none"
+    return f" ({text})" if text else ""
 
 
 def _ms(seconds: float | None) -> str:

@@ -12,6 +12,8 @@ from tandem.engine.config import SchedulerConfig
 from tandem.engine.prefill_failover import DecodeOptions
 from tandem.engine.request import Request
 from tandem.engine.sampling_params import SamplingParams
+from tandem.router.dispatch import WorkerFailed
+from tandem.router.errors import APIError, Unavailable
 from tandem.router.preprocess import Prompt
 from tandem.router.workers import WorkerAddress, WorkerState
 from tandem.sim.decode import SimDecode
@@ -21,7 +23,13 @@ from tandem.sim.node import SimNode
 from tandem.sim.outages import Outages
 from tandem.sim.prefill import SimPrefill
 from tandem.sim.profiles import DeviceProfile
-from tandem.sim.router import SimRouter, prefill_index, prefill_url
+from tandem.sim.router import (
+    SimRouter,
+    decode_url,
+    prefill_endpoint,
+    prefill_index,
+    prefill_url,
+)
 from tandem.sim.shapes import ModelShape
 from tandem.sim.shared_cores import SharedCores
 from tandem.sim.step_model import StepTimeModel
@@ -90,15 +98,28 @@ class RequestRecord:
     num_prefill_cached_tokens: int = 0  # the prefill worker's own hit (remote only)
     num_preemptions: int = 0
     outcome: str | None = None  # "finished", "aborted" (by the client) or "error"
+    error: str | None = None  # the router's error (`APIError.reason`) when "error"
     ended_s: float | None = None  # when the client saw the end (any outcome)
     fallbacks: list[str] = field(default_factory=list)  # reasons, one per failed attempt
+    # one per decode worker that failed it, as the router labels its retries:
+    # "decode_failed" (the worker's fault: it died) or "prefill_failed" (its remote prefill)
+    worker_failures: list[str] = field(default_factory=list)
 
 
 @dataclass
 class _Live:
+    """The router's side of one request (`Dispatcher.records`): the decode workers tried,
+    and the current attempt's workers (counted in flight) and request."""
+
     record: RequestRecord
-    decode: WorkerState
-    prefill: WorkerState | None
+    prompt: Prompt
+    num_output_tokens: int
+    tried: list[str] = field(default_factory=list)
+    attempt: int = 0
+    request: Request | None = None
+    node: SimDecode | None = None  # the node that took the current attempt
+    decode: WorkerState | None = None
+    prefill: WorkerState | None = None  # until the first token
     tokens: int = 0
 
 
@@ -125,13 +146,9 @@ class Cluster:
         self._sched = SchedulerConfig(
             config.max_num_batched_tokens, config.max_num_seqs, config.max_model_len
         )
-        self.decodes: list[SimDecode] = []
-        for i in range(config.num_decode):
-            node = self._node(SimDecode, f"http://decode-{i}:8000", "decode", config.tp_decode)
-            node.setup_failover(config.failover)
-            self.decodes.append(node)
         self.prefills = [self.new_prefill(i) for i in range(config.num_prefill)]
-        self.retired: list[SimPrefill] = []  # prefill nodes that died, for their figures
+        self.decodes = [self.new_decode(i) for i in range(config.num_decode)]
+        self.retired: list[SimNode] = []  # nodes that died and restarted, for their figures
         self.nodes: dict[str, SimNode] = {n.url: n for n in (*self.decodes, *self.prefills)}
         addresses = [WorkerAddress(url, n.role) for url, n in self.nodes.items()]
         agents = [n.agent for n in self.nodes.values()]
@@ -146,6 +163,14 @@ class Cluster:
         num_blocks = c.num_kv_blocks or model.kv_blocks_per_device(c.block_size)
         threshold = c.remote_prefill_threshold if role == "decode" else 0
         return cls(self, url, role, self._sched, c.block_size, num_blocks, model, threshold)
+
+    def new_decode(self, index: int) -> SimDecode:
+        """A fresh decode node `index` (empty cache, no requests); its connections to the
+        prefill workers that are down fail, as a new `PrefillClient`'s would."""
+        node = self._node(SimDecode, decode_url(index), "decode", self.config.tp_decode)
+        node.setup_failover(self.config.failover)
+        node.down = {prefill_endpoint(i) for i, p in enumerate(self.prefills) if p.dead}
+        return node
 
     def new_prefill(self, index: int) -> SimPrefill:
         """A fresh prefill node `index` (empty cache, no jobs)."""
@@ -173,7 +198,11 @@ class Cluster:
 
     @property
     def all_prefills(self) -> list[SimPrefill]:
-        return [*self.prefills, *self.retired]
+        return [*self.prefills, *(n for n in self.retired if isinstance(n, SimPrefill))]
+
+    @property
+    def all_decodes(self) -> list[SimDecode]:
+        return [*self.decodes, *(n for n in self.retired if isinstance(n, SimDecode))]
 
     # -- a request's life -----------------------------------------------------------------
 
@@ -192,21 +221,81 @@ class Cluster:
     def _arrive(self, r: SimRequest) -> None:
         token_ids = r.token_ids()
         hashes = hash_blocks(token_ids, self.config.block_size)
-        prompt = Prompt(token_ids, None, tuple(hashes))
-        route, decode, prefill = self.router.route(prompt)
         record = RequestRecord(r.request_id, self.events.now, len(token_ids), r.num_output_tokens)
+        self.records[r.request_id] = record
+        live = _Live(record, Prompt(token_ids, None, tuple(hashes)), r.num_output_tokens)
+        self._live[r.request_id] = live
+        self._dispatch(live)
+
+    def _dispatch(self, live: _Live) -> None:
+        """One attempt of `Dispatcher.records`' loop: route without the decode workers
+        tried, count it in flight, send it (`POST /generate`)."""
+        try:
+            route, decode, prefill = self.router.route(live.prompt, frozenset(live.tried))
+        except Unavailable as exc:
+            self._fail(live, exc)
+            return
+        record = live.record
+        live.tried.append(route.decode.url)
+        live.attempt += 1
+        live.decode, live.prefill, live.node = decode, prefill, None
         record.decode = route.decode.url
         record.prefill = route.prefill.url if route.prefill else None
-        self.records[r.request_id] = record
-        self._live[r.request_id] = _Live(record, decode, prefill)
-        request = Request(
-            r.request_id, token_ids, SamplingParams(max_tokens=r.num_output_tokens, ignore_eos=True)
-        )
-        request.block_hashes = hashes  # what the node's KV manager computes from the tokens
+        record.admitted_s = record.remote = None  # the figures are the last attempt's
+        token_ids = live.prompt.token_ids
+        params = SamplingParams(max_tokens=live.num_output_tokens, ignore_eos=True)
+        request = Request(record.request_id, token_ids, params)
+        request.block_hashes = list(live.prompt.block_hashes)  # as the node computes them
         request.prefill_worker = route.prefill.endpoint if route.prefill else None
+        live.request = request
         alternates = [p.endpoint for p in route.alternates if p.endpoint]
-        node: SimDecode = self.nodes[route.decode.url]
-        self.send(node.deliver, node.add_stream, request, alternates)
+        self.send(self._deliver, live, live.attempt, alternates)
+
+    def _deliver(self, live: _Live, attempt: int, alternates: list[str]) -> None:
+        """The request reaches the decode node at its URL now; a dead one refuses the
+        connection, which the router hears one hop later."""
+        if not self._current(live, attempt):
+            return  # the client went away meanwhile
+        node: SimDecode = self.nodes[live.record.decode]
+        if node.dead:
+            refused = WorkerFailed(f"{node.url}: connection refused")
+            self.send(self._worker_failed, live, attempt, refused)
+            return
+        live.node = node
+        node.deliver(node.add_stream, live.request, alternates)
+
+    def _current(self, live: _Live, attempt: int) -> bool:
+        return self._live.get(live.record.request_id) is live and live.attempt == attempt
+
+    def on_decode_death(self, node: SimDecode) -> None:
+        """The router's streams to `node` break (the connection resets): it hears one hop
+        later, for every request whose current attempt the node had taken."""
+        for live in list(self._live.values()):
+            if live.node is node:
+                reset = WorkerFailed(f"{node.url}: connection reset")
+                self.send(self._worker_failed, live, live.attempt, reset)
+
+    def _worker_failed(self, live: _Live, attempt: int, exc: WorkerFailed) -> None:
+        """`Dispatcher.records`' `except WorkerFailed`: the attempt's counts go (its
+        `finally`), then the real policy ejects the worker and retries or ends the request.
+        (The router's `POST /abort` to the failed worker is not sent: a dead node has nothing
+        to free, and one that reported the failure has ended the request already.)"""
+        if not self._current(live, attempt):
+            return
+        self._uncount(live)
+        live.record.worker_failures.append(
+            "decode_failed" if exc.worker_at_fault else "prefill_failed"
+        )
+        url, streamed = live.record.decode, live.tokens > 0
+        error = self.router.on_failure(url, exc, streamed, len(live.tried))
+        if error is None:
+            self._dispatch(live)
+        else:
+            self._fail(live, error)
+
+    def _fail(self, live: _Live, error: APIError) -> None:
+        live.record.error = error.reason
+        self._end(live, "error", self.events.now)
 
     def _abort(self, request_id: str) -> None:
         """The client goes away: the router stops counting the request and tells its decode
@@ -219,7 +308,10 @@ class Cluster:
         self.send(node.deliver, node.abort, request_id)
 
     def on_admitted(self, request: Request, remote: bool) -> None:
-        record = self.records[request.request_id]
+        live = self._live.get(request.request_id)
+        if live is None or live.request is not request:
+            return
+        record = live.record
         if record.admitted_s is None:
             record.admitted_s = self.events.now
             record.remote = remote
@@ -237,33 +329,46 @@ class Cluster:
     def on_token(self, request: Request) -> None:
         """A token reached the client one hop after the decode node made it."""
         live = self._live.get(request.request_id)
-        if live is None:
-            return  # the client has gone
+        if live is None or live.request is not request:
+            return  # the client has gone, or the router gave up on this attempt
         record, now = live.record, self.events.now + self.profile.network_latency_s
         live.tokens += 1
         if record.first_token_s is None:
             record.first_token_s = now
-            if live.prefill is not None:
-                live.prefill.inflight -= 1
+        if live.prefill is not None:
+            live.prefill.inflight -= 1  # the prefill part is over
+            live.prefill = None
         if request.is_finished:
             record.finish_s = now
             record.num_preemptions = request.num_preemptions
             self._end(live, "finished", now)
 
-    def on_end(self, request_id: str, outcome: str) -> None:
-        """The decode node ended the request without finishing it (`error`, or the abort
-        the client asked for)."""
+    def on_end(self, node: SimDecode, request_id: str, outcome: str) -> None:
+        """The decode node ended the request without finishing it: `error` is an error
+        record, which the router takes as a `WorkerFailed` not of the worker's making (its
+        remote prefill failed, `error_source: prefill`); `aborted` is the client's."""
         live = self._live.get(request_id)
-        if live is not None:
+        if live is None or live.node is not node:
+            return
+        if outcome == "error":
+            failed = WorkerFailed("remote prefill failed", worker_at_fault=False)
+            self.send(self._worker_failed, live, live.attempt, failed)
+        else:
             self._end(live, outcome, self.events.now + self.profile.network_latency_s)
 
     def _end(self, live: _Live, outcome: str, now: float) -> None:
         """The router's view: the request is over, its in-flight counts go."""
         live.record.outcome, live.record.ended_s = outcome, now
-        live.decode.inflight -= 1
-        if live.record.first_token_s is None and live.prefill is not None:
-            live.prefill.inflight -= 1
+        self._uncount(live)
         del self._live[live.record.request_id]
+
+    @staticmethod
+    def _uncount(live: _Live) -> None:
+        """The attempt's in-flight counts go: decode, and prefill before the first token."""
+        for state in (live.decode, live.prefill):
+            if state is not None:
+                state.inflight -= 1
+        live.decode = live.prefill = None
 
     def check_integrity(self) -> None:
         """Every live node's KV invariants (AssertionError on a violation)."""

@@ -194,4 +194,4 @@ class SimDecode(SimNode):
     def _end(self, request_id: str, outcome: str) -> None:
         del self.streams[request_id]
         self.failover.forget(request_id)
-        self.cluster.on_end(request_id, outcome)
+        self.cluster.on_end(self, request_id, outcome)

@@ -57,6 +57,7 @@ class SimNode:
         self.num_steps = 0
         self.num_tokens = 0  # computed by its steps
         self.dead = False  # a killed node ignores its pending events and messages
+        self.died_s: float | None = None
         self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
 
     def deliver(self, handler: Callable[..., None], *args: Any) -> None:

@@ -7,10 +7,19 @@ Jobs end early as in `PrefillWorker`: an abort from the decode node, or a passed
 (checked before each step and before each write). The decode node hears of it (`AbortAck`,
 `PrefillFailed`) only once no write of the job is in flight; an abort of a job this worker
 does not know (a restarted worker) is confirmed at once.
+
+A decode node that dies fails the writes into it, as NIXL does: a write that had not landed
+when it died ends in error (`write`), and from one hop after its death (when this worker's
+connection to it has failed) posting a write raises (`post`) and so does the notification
+(`notify`). Each ends the job as `PrefillWorker` does (`transfer`, or `notify`), releasing
+its holds; its `PrefillFailed` goes nowhere. A job that has posted nothing yet keeps its
+place in the batch until its first write, as in `PrefillWorker`. The failures are counted
+by reason, as `tandem_kv_transfer_failures_total` counts them.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from tandem.engine.request import Request, RequestStatus
@@ -43,6 +52,7 @@ class SimPrefill(SimNode):
         self.num_blocks_sent = 0
         self._num_writes = 0
         self._failed: dict[str, str] = {}  # this step's jobs that could not write
+        self.transfer_failures: Counter[str] = Counter()  # "post", "write", "notify"
 
     def submit(self, msg: RemotePrefill) -> None:
         key = remote_hold_key(msg.request_id, msg.attempt)
@@ -85,7 +95,17 @@ class SimPrefill(SimNode):
             if self.cluster.events.now > job.deadline_s:
                 self._failed[job.request.request_id] = "deadline"
                 continue
+            if self._lost(job.msg.decode):
+                self.transfer_failures["post"] += 1  # the write raises: nothing is in flight
+                self._failed[job.request.request_id] = "transfer"
+                continue
             self._post(job, ready)
+
+    def _lost(self, decode: SimDecode) -> bool:
+        """Whether this worker's connection to `decode` has failed: it died a hop ago."""
+        if decode.died_s is None:
+            return False
+        return self.cluster.events.now >= decode.died_s + self.cluster.profile.network_latency_s
 
     def _post(self, job: Job, ready: int) -> None:
         start, skip = job.num_posted, job.msg.skip_blocks
@@ -122,7 +142,11 @@ class SimPrefill(SimNode):
             return
         self.kv.release(hold)
         job.num_writes -= 1
-        self._settle(job)
+        if job.msg.decode.dead:  # it died before the write landed: the write ends in error
+            self.transfer_failures["write"] += 1
+            self._end(job, "transfer")
+        else:
+            self._settle(job)
         self.poke()  # released blocks may let a waiting prompt in
 
     # -- ending a job ---------------------------------------------------------------------
@@ -140,7 +164,10 @@ class SimPrefill(SimNode):
             return
         del self.jobs[job.request.request_id]
         msg = job.msg
-        if job.ended is None:
+        if job.ended is None and self._lost(msg.decode):
+            self.transfer_failures["notify"] += 1  # every write landed; the notify raises
+            self._reply(msg, "notify")
+        elif job.ended is None:
             self.cluster.send(
                 msg.decode.deliver, msg.decode.on_prefill_done, msg.request_id, msg.attempt,
                 job.token_id,

@@ -4,7 +4,7 @@ rates, KV bytes moved and per-pool utilisation, as a JSON-ready dict."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +69,8 @@ def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> d
             "remote_requests": sum(1 for r in records if r.remote),
         },
         "pools": {
-            "decode": _pool(cluster.decodes, duration),
-            "prefill": _pool(cluster.prefills, duration),
+            "decode": _pool(cluster.all_decodes, duration),
+            "prefill": _pool(cluster.all_prefills, duration),
         },
         "failures": _failures(cluster, records),
         "num_preemptions": sum(n.scheduler.num_preemptions for n in cluster.nodes.values()),
@@ -87,29 +87,48 @@ def _token_mean_tpot(done: Sequence[RequestRecord]) -> float | None:
 
 
 def _failures(cluster: Cluster, records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """Outcomes other than finished, the decode nodes' fall-backs by reason (as
-    `tandem_prefill_fallbacks_total` counts them), and what is still held at the end."""
+    """Outcomes other than finished (errors by the router's error class), the decode nodes'
+    fall-backs by reason (as `tandem_prefill_fallbacks_total` counts them), the router's
+    retries by reason (`tandem_router_retries_total`), how the requests a decode death hit
+    ended, the prefill workers' failed KV writes (`tandem_kv_transfer_failures_total`), and
+    what is still held at the end."""
     fallbacks: Counter[str] = Counter()
-    for node in cluster.decodes:
+    for node in cluster.all_decodes:
         fallbacks.update(node.fallbacks)
+    transfer_failures: Counter[str] = Counter()
+    for node in cluster.all_prefills:
+        transfer_failures.update(node.transfer_failures)
+    outages = cluster.outages
     return {
         "aborted": sum(1 for r in records if r.outcome == "aborted"),
         "errors": sum(1 for r in records if r.outcome == "error"),
+        "errors_by_kind": _count(r.error for r in records if r.outcome == "error"),
         "unfinished": sum(1 for r in records if r.outcome is None),
         "fallbacks": dict(sorted(fallbacks.items())),
         "recomputed_locally": sum(1 for r in records if r.fallbacks and r.remote is False),
-        "prefill_deaths": cluster.outages.num_deaths,
-        "prefill_restarts": cluster.outages.num_restarts,
+        "prefill_deaths": outages.deaths["prefill"],
+        "prefill_restarts": outages.restarts["prefill"],
+        "decode_deaths": outages.deaths["decode"],
+        "decode_restarts": outages.restarts["decode"],
+        "router_retries": cluster.router.retries(),
+        "decode_death_outcomes": _count(
+            r.outcome for r in records if "decode_failed" in r.worker_failures
+        ),
+        "kv_transfer_failures": dict(sorted(transfer_failures.items())),
         "hold_timeouts": cluster.num_hold_timeouts,
         "held_blocks_at_end": cluster.num_held_blocks,
     }
+
+
+def _count(values: Iterable[str | None]) -> dict[str, int]:
+    return dict(sorted(Counter(str(v) for v in values).items()))
 
 
 def _prefix_cache(cluster: Cluster, records: Sequence[RequestRecord]) -> dict[str, Any]:
     """Token hit rates as the nodes count them (`tandem_prefix_cache_*`), and the share of
     prompt tokens that no node recomputed."""
     out: dict[str, Any] = {}
-    for role, nodes in (("decode", cluster.decodes), ("prefill", cluster.prefills)):
+    for role, nodes in (("decode", cluster.all_decodes), ("prefill", cluster.all_prefills)):
         queries = sum(n.kv.stats.queries for n in nodes)
         hits = sum(n.kv.stats.hits for n in nodes)
         out[f"{role}_hit_rate"] = hits / queries if queries else None
@@ -120,12 +139,18 @@ def _prefix_cache(cluster: Cluster, records: Sequence[RequestRecord]) -> dict[st
 
 
 def _pool(nodes: Sequence, duration: float) -> dict[str, Any]:
+    """Per worker (its URL: a restarted node and the one it replaced count as one)."""
     if not nodes:
         return {"nodes": 0}
-    busy = [n.busy_s / duration for n in nodes]
-    kv = [n.kv_usage_s / duration for n in nodes]
+    busy_s: Counter[str] = Counter()
+    kv_s: Counter[str] = Counter()
+    for n in nodes:
+        busy_s[n.url] += n.busy_s
+        kv_s[n.url] += n.kv_usage_s
+    busy = [b / duration for b in busy_s.values()]
+    kv = [k / duration for k in kv_s.values()]
     return {
-        "nodes": len(nodes),
+        "nodes": len(busy),
         "busy_mean": float(np.mean(busy)),
         "busy_max": float(np.max(busy)),
         "kv_usage_mean": float(np.mean(kv)),

@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 from prometheus_client import CollectorRegistry
 
 from tandem.engine.kv_events import KVEventBatch
-from tandem.router.dispatch import Dispatcher
+from tandem.router.dispatch import Dispatcher, WorkerFailed
+from tandem.router.errors import APIError
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 from tandem.router.policy import POLICIES, Route
@@ -19,6 +20,10 @@ from tandem.router.workers import WorkerAddress, WorkerPool, WorkerState
 ZMQ_PORT = 5555
 
 Snapshotter = Callable[[str], tuple[str, int, list[int]] | None]
+
+
+def decode_url(index: int) -> str:
+    return f"http://decode-{index}:8000"
 
 
 def prefill_url(index: int) -> str:
@@ -64,15 +69,34 @@ class SimRouter:
         self._send = send
         self.num_resyncs = 0
 
-    def route(self, prompt: Prompt) -> tuple[Route, WorkerState, WorkerState | None]:
-        """Pick the workers and count the request in flight on them (as `_attempt` does)."""
-        route = self.dispatcher.route(prompt)
+    def route(
+        self, prompt: Prompt, exclude: frozenset[str] = frozenset()
+    ) -> tuple[Route, WorkerState, WorkerState | None]:
+        """Pick the workers, without the decode workers `exclude` (those tried), and count
+        the request in flight on them (as `_attempt` does). `Unavailable`: no decode worker."""
+        route = self.dispatcher.route(prompt, exclude)
         decode = self.pool.workers[route.decode.url]
         prefill = self.pool.workers[route.prefill.url] if route.prefill else None
         for state in (decode, prefill):
             if state is not None:
                 state.inflight += 1
         return route, decode, prefill
+
+    def on_failure(
+        self, url: str, exc: WorkerFailed, streamed: bool, num_tried: int
+    ) -> APIError | None:
+        """`Dispatcher.on_failure`: the decode worker at `url` failed a request; the error
+        that ends it, or None to retry elsewhere."""
+        return self.dispatcher.on_failure(url, exc, streamed, num_tried)
+
+    def retries(self) -> dict[str, int]:
+        """`tandem_router_retries_total` by reason, as the router counted it."""
+        counts: dict[str, int] = {}
+        for metric in self.dispatcher.metrics.retries.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_total") and sample.value:
+                    counts[sample.labels["reason"]] = int(sample.value)
+        return dict(sorted(counts.items()))
 
     def on_kv_events(self, url: str, batch: KVEventBatch) -> None:
         """As `WorkerMonitor.read_events`: take the load, apply the batch, resync on a gap."""

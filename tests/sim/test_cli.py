@@ -70,3 +70,28 @@ def test_simulate_refuses_bad_failures():
     assert result.returncode != 0 and "WORKER@SECONDS" in result.stderr
     result = tandem("simulate", "--kill-prefill", "4@2", "--num-requests", "2")
     assert result.returncode != 0 and "there are 1" in result.stderr
+
+
+def test_simulate_with_a_decode_death_reports_it(tmp_path):
+    out = tmp_path / "r.json"
+    result = tandem(
+        "simulate", "--num-requests", "120", "--rate", "40", "--prompt-tokens", "1000,3000",
+        "--output-tokens", "20,60", "--prefill", "1", "--decode", "2",
+        "--kill-decode", "0@1+0.5", "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "decode deaths 1, restarts 1" in result.stdout
+    run = json.loads(out.read_text())["runs"][0]
+    f = run["failures"]
+    assert f["decode_deaths"] == 1 and f["decode_restarts"] == 1
+    assert sum(f["decode_death_outcomes"].values()) > 0 and f["held_blocks_at_end"] == 0
+    assert f["router_retries"]["decode_failed"] == f["decode_death_outcomes"].get("finished", 0)
+    assert run["num_finished"] + f["aborted"] + f["errors"] == 120
+
+
+def test_simulate_refuses_bad_decode_deaths():
+    result = tandem("simulate", "--kill-decode", "0@later", "--num-requests", "2")
+    assert result.returncode != 0 and "--kill-decode" in result.stderr
+    assert "WORKER@SECONDS" in result.stderr
+    result = tandem("simulate", "--kill-decode", "2@1", "--decode", "2", "--num-requests", "2")
+    assert result.returncode != 0 and "decode worker 2: there are 2" in result.stderr

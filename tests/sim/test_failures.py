@@ -10,7 +10,7 @@ import pytest
 
 from tandem.engine.prefill_failover import ABORT_RESEND_S
 from tandem.sim.cluster import Cluster, ClusterConfig, RequestRecord
-from tandem.sim.faults import Faults, PrefillOutage
+from tandem.sim.faults import Faults, Outage
 from tandem.sim.profiles import load_profile
 from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import SHAPES
@@ -30,7 +30,8 @@ def run(config: ClusterConfig, faults: Faults) -> tuple[Cluster, list[RequestRec
 
 
 def assert_clean(cluster: Cluster, records: list[RequestRecord]) -> None:
-    """Every request ended; no node has a request, a stream, a block in use or a hold."""
+    """Every request ended; no live node has a request, a stream, a block in use or a
+    hold; the router counts nothing in flight."""
     assert all(r.outcome in ("finished", "aborted", "error") for r in records)
     assert all((r.finish_s is not None) == (r.outcome == "finished") for r in records)
     cluster.check_integrity()
@@ -41,6 +42,8 @@ def assert_clean(cluster: Cluster, records: list[RequestRecord]) -> None:
         assert node.kv.pool.check_integrity().in_use == 0
         assert not node.kv.hold_keys()
     for d in cluster.decodes:
+        if d.dead:
+            continue
         assert not d.streams and not d.failover.attempts
         assert not d.failover.unconfirmed and not d.failover.hold_deadlines
     assert all(w.inflight == 0 for w in cluster.router.pool.workers.values())
@@ -53,7 +56,7 @@ def failures(cluster: Cluster, records: list[RequestRecord]) -> dict:
 
 def test_a_dead_prefill_worker_makes_its_requests_prefill_locally():
     config = ClusterConfig(num_prefill=1, num_decode=2, hold_timeout_s=5.0)
-    cluster, records = run(config, Faults(outages=(PrefillOutage(0, 0.5),)))
+    cluster, records = run(config, Faults(outages=(Outage(0, 0.5),)))
     f = failures(cluster, records)
     assert all(r.outcome == "finished" for r in records)
     hit = [r for r in records if "disconnected" in r.fallbacks]
@@ -71,7 +74,7 @@ def test_a_dead_prefill_worker_makes_its_requests_prefill_locally():
 
 def test_a_restarted_worker_confirms_the_aborts_and_serves_again():
     config = ClusterConfig(num_prefill=1, num_decode=2, hold_timeout_s=1000.0)
-    outage = PrefillOutage(0, 0.5, restart_after_s=0.5)
+    outage = Outage(0, 0.5, restart_after_s=0.5)
     cluster, records = run(config, Faults(outages=(outage,)))
     f = failures(cluster, records)
     assert f["prefill_deaths"] == 1 and f["prefill_restarts"] == 1
@@ -90,7 +93,7 @@ def test_the_aborts_are_resent_and_the_restarted_worker_frees_the_holds_within_a
     kill_s, restart_after_s = 0.5, 0.7
     config = ClusterConfig(num_prefill=1, num_decode=2, hold_timeout_s=1000.0)
     cluster = Cluster(
-        config, SHAPE, H100, faults=Faults(outages=(PrefillOutage(0, kill_s, restart_after_s),))
+        config, SHAPE, H100, faults=Faults(outages=(Outage(0, kill_s, restart_after_s),))
     )
     released: list[tuple[float, str]] = []
     for d in cluster.decodes:
@@ -114,20 +117,30 @@ def test_the_aborts_are_resent_and_the_restarted_worker_frees_the_holds_within_a
     assert cluster.num_hold_timeouts == 0
 
 
-def test_with_on_prefill_failure_fail_the_requests_in_flight_end_in_error():
+def test_with_on_prefill_failure_fail_the_router_retries_then_the_requests_end_in_error():
+    """The decode node's error record says the prefill failed (`error_source: prefill`):
+    the router retries on the other decode worker without ejecting the first
+    (`Dispatcher.on_failure`), and ends the request once no decode worker is left."""
     config = ClusterConfig(
         num_prefill=1, num_decode=2, on_prefill_failure="fail", hold_timeout_s=5.0
     )
-    cluster, records = run(config, Faults(outages=(PrefillOutage(0, 0.5),)))
+    cluster, records = run(config, Faults(outages=(Outage(0, 0.5),)))
     errors = [r for r in records if r.outcome == "error"]
     assert errors and all(r.fallbacks and r.first_token_s is None for r in errors)
-    assert failures(cluster, records)["errors"] == len(errors)
+    # failed on both decode workers, then none was left to try: 503
+    assert all(r.worker_failures == ["prefill_failed"] * 2 for r in errors)
+    assert all(r.error == "unavailable" for r in errors)
+    f = failures(cluster, records)
+    assert f["errors"] == len(errors)
+    assert f["router_retries"]["prefill_failed"] >= 2 * len(errors)
+    assert "decode_failed" not in f["router_retries"]
+    assert all(cluster.router.pool.workers[d.url].healthy for d in cluster.decodes)
     assert all(r.outcome == "finished" for r in records if not r.fallbacks)
 
 
 def test_a_second_prefill_worker_takes_the_retry():
     config = ClusterConfig(num_prefill=2, num_decode=2, hold_timeout_s=5.0)
-    _, records = run(config, Faults(outages=(PrefillOutage(0, 0.5),)))
+    _, records = run(config, Faults(outages=(Outage(0, 0.5),)))
     retried = [r for r in records if r.fallbacks == ["disconnected"]]
     # one retry on the alternate, which succeeds: still prefilled remotely
     assert retried and all(r.remote and r.outcome == "finished" for r in retried)
@@ -167,7 +180,7 @@ def test_aborted_requests_end_and_free_their_blocks(num_prefill):
 
 def test_a_run_with_failures_is_deterministic_for_a_seed():
     config = ClusterConfig(num_prefill=2, num_decode=2, hold_timeout_s=5.0)
-    outages = (PrefillOutage(0, 0.4, restart_after_s=0.3), PrefillOutage(1, 1.2))
+    outages = (Outage(0, 0.4, restart_after_s=0.3), Outage(1, 1.2))
 
     def outcome(seed: int) -> list[tuple]:
         _, records = run(
@@ -182,14 +195,14 @@ def test_a_run_with_failures_is_deterministic_for_a_seed():
 
 def test_bad_faults_are_refused():
     with pytest.raises(ValueError, match="WORKER@SECONDS"):
-        PrefillOutage.parse("zero@1")
-    assert PrefillOutage.parse("1@2.5+3") == PrefillOutage(1, 2.5, 3.0)
+        Outage.parse("zero@1")
+    assert Outage.parse("1@2.5+3") == Outage(1, 2.5, 3.0)
     with pytest.raises(ValueError, match="abort_share"):
         Faults(abort_share=1.5)
     with pytest.raises(ValueError, match="on_prefill_failure"):
         ClusterConfig(on_prefill_failure="retry")
     cluster = Cluster(
-        ClusterConfig(num_prefill=1), SHAPE, H100, faults=Faults(outages=(PrefillOutage(3, 1.0),))
+        ClusterConfig(num_prefill=1), SHAPE, H100, faults=Faults(outages=(Outage(3, 1.0),))
     )
     with pytest.raises(ValueError, match="there are 1"):
         cluster.run(REQUESTS[:2])
