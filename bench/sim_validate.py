@@ -210,9 +210,11 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
             for k in phases
         }
         figures["step_log"] = logs = node_steps(base, last_steps)
-        # everything on the host but the nodes' steps (their idle work too)
+        # everything on the host but the nodes' steps and the relaying of tokens (the
+        # nodes' work between steps, other tenants, the supervisor)
+        relay = cpu.get("router", 0.0) + cpu.get("client", 0.0)
         figures["step_background_cores"] = (
-            max(0.0, host_after - host_before - step_cpu(logs)) / figures["duration_s"]
+            max(0.0, host_after - host_before - step_cpu(logs) - relay) / figures["duration_s"]
         )
         out.append(figures)
     return out
@@ -360,10 +362,13 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
     }
 
 
-def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[str, str]]:
+def fit_from_logs(
+    model: str, profile, real: dict, requests: list[SimRequest]
+) -> tuple[DeviceProfile, dict[str, str]]:
     """The engine's constants fitted on the model runner's CPU time of every logged step of
-    the calibration slice (both roles), and each role's work outside the runner per step
-    and per sequence from its measured cycles. No latency is fitted."""
+    the calibration slice (both roles), each role's work outside the runner per step and
+    per sequence from its measured cycles, and the router's and client's CPU per token
+    relayed. No latency is fitted."""
     logs = real["step_log"]
     records = [r for _, steps in logs.values() for r in steps]
     fit = fit_logged_profile(records, load_shape(model), profile)
@@ -375,7 +380,10 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
             fitted, **{f"{role}_step_overhead_s": step_s, f"{role}_seq_overhead_s": seq_s}
         )
         record[role] = f"{1e3 * step_s:.3f} ms + {1e3 * seq_s:.3f} ms/seq"
-    return fitted, record
+    cpu, tokens = real["cpu_s"], sum(r.num_output_tokens for r in requests)
+    relay = (cpu.get("router", 0.0) + cpu.get("client", 0.0)) / max(tokens, 1)
+    record["relay"] = f"{1e3 * relay:.3f} ms/token"
+    return dataclasses.replace(fitted, host_relay_token_s=relay), record
 
 
 def fit_overhead(
@@ -426,7 +434,7 @@ def one_run(args, model: str, profile, fit_slice, requests) -> dict:
     load_after = os.getloadavg()
     record = {}
     if fit_slice and args.fit_overhead == "log":
-        profile, record = fit_from_logs(model, profile, reals[0])
+        profile, record = fit_from_logs(model, profile, reals[0], fit_slice)
     elif fit_slice:
         profile, record = fit_overhead(args, model, profile, fit_slice, reals[0])
     real = reals[-1]
@@ -438,6 +446,7 @@ def one_run(args, model: str, profile, fit_slice, requests) -> dict:
         "sim": run_sim(args, model, profile, requests),
         "fit_cpu": record,
         "fit_step_log": reals[0]["step_log"] if fit_slice else {},
+        "fit_cpu_s": reals[0]["cpu_s"] if fit_slice else {},
         "load_before": load_before[0],
         "load_after": load_after[0],
         "step_overhead_s": profile.step_overhead_s,

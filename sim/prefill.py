@@ -122,7 +122,8 @@ class SimPrefill(SimNode):
         job.num_writes += 1
         self.num_blocks_sent += len(src)
         self.num_bytes += len(src) * self.transfer.block_bytes
-        self.cluster.events.at(self.link_free_s, self._write_done, job, hold)
+        # the loop sees the write done between its steps, as `PrefillWorker.poll` runs
+        self.cluster.events.at(self.link_free_s, self.deliver, self._write_done, job, hold)
 
     def after_update(
         self, out: SchedulerOutput, sampled: list[int | None], finished: list[Request]

@@ -53,6 +53,10 @@ class DeviceProfile:
     decode_seq_overhead_s: float = 0.0
     prefill_step_overhead_s: float = 0.0
     prefill_seq_overhead_s: float = 0.0
+    # CPU hosts: CPU seconds per token that the router and the clients on the same host
+    # spend relaying it (0 where they have cores of their own); a task on the host's cores
+    # after each decode step (`SharedCores.run`). Measured by bench/sim_validate.py.
+    host_relay_token_s: float = 0.0
     memory_utilization: float = 0.9
     # CPU hosts: every node of a simulated deployment shares these cores (`tandem serve` on
     # one machine), so a step stretches while more nodes step at once than there are cores.

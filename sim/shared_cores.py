@@ -5,6 +5,10 @@ whenever a step starts or ends, so a long prefill step slows down from the momen
 steps join it and speeds up when they leave (a stretch fixed at a step's start, the former
 model, missed both). With `cores` 0 every node has a device of its own: steps take their
 time alone.
+
+Other work on the host that follows the nodes' steps (the router and the clients relaying
+each token a decode step produced) runs as tasks (`run`): each takes its share of the cores
+as a step does until its work is done.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ class SharedCores:
         self.events = events
         self.cores = cores
         self.background = background
-        self._steps: dict[int, _Step] = {}  # by owner id
+        self._steps: dict[object, _Step] = {}  # by owner id, or ("task", n)
+        self._num_tasks = 0
         self._since = 0.0  # when the work left was last brought up to date
         self._generation = 0  # end events of an older generation are stale
 
@@ -53,6 +58,15 @@ class SharedCores:
         self._steps[id(owner)] = _Step(work_s, done, args)
         self._reschedule()
 
+    def run(self, work_s: float) -> None:
+        """Work of `work_s` seconds alone that takes its share of the cores until done."""
+        if not self.cores or work_s <= 0:
+            return
+        self._num_tasks += 1
+        self._advance()
+        self._steps[("task", self._num_tasks)] = _Step(work_s, _nothing, ())
+        self._reschedule()
+
     def stop(self, owner: object) -> None:
         """`owner` died in the middle of its step: it no longer takes a share."""
         if id(owner) in self._steps:
@@ -72,10 +86,14 @@ class SharedCores:
         for key, step in self._steps.items():
             self.events.after(step.work_s / rate, self._end, key, self._generation)
 
-    def _end(self, key: int, generation: int) -> None:
+    def _end(self, key: object, generation: int) -> None:
         if generation != self._generation:
             return
         self._advance()
         step = self._steps.pop(key)
         self._reschedule()
         step.done(*step.args)
+
+
+def _nothing() -> None:
+    pass
