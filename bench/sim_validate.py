@@ -184,6 +184,7 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
     # untimed: first steps, and the decode nodes' connections to the prefill workers
     warm = [SimRequest.of_tokens(f"w{i}", 0.0, [7 + i] * 64, 4) for i in range(8)]
     asyncio.run(replay(base, warm))
+    relay = relay_probe(base, root)
     out = []
     for requests in slices:
         before, cpu_before, host_before = node_counters(base), cpu_seconds(root), host_busy()
@@ -209,6 +210,7 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
             k: (phases[k][0] - phases_before[k][0]) / max(phases[k][1] - phases_before[k][1], 1)
             for k in phases
         }
+        figures["relay_probe"] = relay
         figures["step_log"] = logs = node_steps(base, last_steps)
         # everything on the host but the nodes' steps and the relaying of tokens (the
         # nodes' work between steps, other tenants, the supervisor)
@@ -279,6 +281,27 @@ def node_counters(base: str) -> dict[str, float]:
         out["itl_count"] += metric_value(text, "tandem_inter_token_latency_seconds_count")
         out["steps"] += metric_value(text, "tandem_iteration_tokens_total_count")
     return out
+
+
+def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) -> dict:
+    """The router's and the client's CPU per request and per token relayed: the same
+    prompts (320 tokens) served with 1 output token and with `long`, a few at a time,
+    their CPU (from /proc) over each set; per token is the difference over the extra
+    tokens, per request what the 1-token set cost less its token."""
+
+    def cpu_of(num_output: int) -> float:
+        requests = [
+            SimRequest.of_tokens(f"probe{num_output}-{i}", 0.05 * i, [11 + i % 7] * 320, num_output)
+            for i in range(num_requests)
+        ]
+        before = cpu_seconds(root)
+        asyncio.run(replay(base, requests))
+        after = cpu_seconds(root)
+        return sum(after[k] - before.get(k, 0.0) for k in ("router", "client"))
+
+    short, longer = cpu_of(1), cpu_of(long)
+    token_s = max(0.0, longer - short) / (num_requests * (long - 1))
+    return {"request_s": max(0.0, short / num_requests - token_s), "token_s": token_s}
 
 
 def router_phases(base: str) -> dict[str, tuple[float, float]]:
@@ -362,13 +385,11 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
     }
 
 
-def fit_from_logs(
-    model: str, profile, real: dict, requests: list[SimRequest]
-) -> tuple[DeviceProfile, dict[str, str]]:
+def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[str, str]]:
     """The engine's constants fitted on the model runner's CPU time of every logged step of
     the calibration slice (both roles), each role's work outside the runner per step and
-    per sequence from its measured cycles, and the router's and client's CPU per token
-    relayed. No latency is fitted."""
+    per sequence from its measured cycles, and the router's and client's CPU per request
+    and per token relayed (`relay_probe`, before the slice). No latency is fitted."""
     logs = real["step_log"]
     records = [r for _, steps in logs.values() for r in steps]
     fit = fit_logged_profile(records, load_shape(model), profile)
@@ -380,10 +401,14 @@ def fit_from_logs(
             fitted, **{f"{role}_step_overhead_s": step_s, f"{role}_seq_overhead_s": seq_s}
         )
         record[role] = f"{1e3 * step_s:.3f} ms + {1e3 * seq_s:.3f} ms/seq"
-    cpu, tokens = real["cpu_s"], sum(r.num_output_tokens for r in requests)
-    relay = (cpu.get("router", 0.0) + cpu.get("client", 0.0)) / max(tokens, 1)
-    record["relay"] = f"{1e3 * relay:.3f} ms/token"
-    return dataclasses.replace(fitted, host_relay_token_s=relay), record
+    relay = real["relay_probe"]
+    record["relay"] = (
+        f"{1e3 * relay['request_s']:.2f} ms/request + {1e3 * relay['token_s']:.3f} ms/token"
+    )
+    fitted = dataclasses.replace(
+        fitted, host_relay_request_s=relay["request_s"], host_relay_token_s=relay["token_s"]
+    )
+    return fitted, record
 
 
 def fit_overhead(
@@ -434,7 +459,7 @@ def one_run(args, model: str, profile, fit_slice, requests) -> dict:
     load_after = os.getloadavg()
     record = {}
     if fit_slice and args.fit_overhead == "log":
-        profile, record = fit_from_logs(model, profile, reals[0], fit_slice)
+        profile, record = fit_from_logs(model, profile, reals[0])
     elif fit_slice:
         profile, record = fit_overhead(args, model, profile, fit_slice, reals[0])
     real = reals[-1]

@@ -225,6 +225,7 @@ class Cluster:
         self.records[r.request_id] = record
         live = _Live(record, Prompt(token_ids, None, tuple(hashes)), r.num_output_tokens)
         self._live[r.request_id] = live
+        self.cores.run(self.profile.host_relay_request_s)  # the client's and router's share
         self._dispatch(live)
 
     def _dispatch(self, live: _Live) -> None:

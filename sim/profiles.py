@@ -53,9 +53,11 @@ class DeviceProfile:
     decode_seq_overhead_s: float = 0.0
     prefill_step_overhead_s: float = 0.0
     prefill_seq_overhead_s: float = 0.0
-    # CPU hosts: CPU seconds per token that the router and the clients on the same host
-    # spend relaying it (0 where they have cores of their own); a task on the host's cores
-    # after each decode step (`SharedCores.run`). Measured by bench/sim_validate.py.
+    # CPU hosts: CPU seconds that the router and the clients on the same host spend per
+    # request (at its arrival) and per token they relay (after each decode step), as tasks
+    # on the host's cores (`SharedCores.run`); 0 where they have cores of their own.
+    # Measured by bench/sim_validate.py.
+    host_relay_request_s: float = 0.0
     host_relay_token_s: float = 0.0
     memory_utilization: float = 0.9
     # CPU hosts: every node of a simulated deployment shares these cores (`tandem serve` on

@@ -14,6 +14,7 @@ one final record and no block is held.
 
 from __future__ import annotations
 
+import functools
 import logging
 from types import SimpleNamespace
 
@@ -37,8 +38,10 @@ from tandem.engine.kv_transfer import (
     encode,
 )
 from tandem.engine.metrics import NodeMetrics
+from tandem.engine.node_core import NodeCore
 from tandem.engine.request_log import RequestIdFilter
 from tandem.engine.scheduler import Scheduler, remote_hold_key
+from tandem.engine.step_log import StepLog
 from tests.engine.test_scheduler import VOCAB, fake_run
 from tests.engine.test_scheduler_machine import shared_prefix_prompt, tokens_alone
 
@@ -96,6 +99,8 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
             ),
             metrics=NodeMetrics(CollectorRegistry(), "m", "decode", "d"),
         )
+        core.steps = StepLog()
+        core.execute = functools.partial(NodeCore.execute, core)  # the real one, on the fakes
         self.client = Client()
         options = DecodeOptions(prefill_timeout_s=NEVER_S, hold_timeout_s=NEVER_S)
         self.worker = DecodeWorker(core, self.client, Tokenizer(), options)

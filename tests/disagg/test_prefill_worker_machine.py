@@ -11,6 +11,7 @@ job has had its answer and no block is held.
 
 from __future__ import annotations
 
+import functools
 import time
 import zlib
 from collections.abc import Callable
@@ -35,7 +36,9 @@ from tandem.engine.kv_transfer import (
     decode_done,
 )
 from tandem.engine.metrics import NodeMetrics
+from tandem.engine.node_core import NodeCore
 from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tandem.engine.step_log import StepLog
 from tandem.prefill_node.worker import PrefillWorker
 from tests.engine.test_scheduler import VOCAB
 from tests.engine.test_scheduler_machine import PREFIX_LEN, shared_prefix_prompt
@@ -128,6 +131,8 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
             agent=self.agent,
             metrics=NodeMetrics(CollectorRegistry(), "m", "prefill", "p"),
         )
+        core.steps = StepLog()
+        core.execute = functools.partial(NodeCore.execute, core)  # the real one, on the fakes
         self.replies: list[AbortAck | PrefillFailed] = []
         self.worker = PrefillWorker(core, lambda peer, msg: self.replies.append(msg))
         self.prompts: dict[str, list[int]] = {}

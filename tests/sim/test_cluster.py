@@ -9,6 +9,7 @@ from tandem.sim.cluster import Cluster, ClusterConfig
 from tandem.sim.profiles import load_profile
 from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import SHAPES
+from tandem.sim.step_model import StepShape, StepTimeModel
 from tandem.sim.workload import SimRequest, synthetic
 
 SHAPE = SHAPES["llama-3-8b"]
@@ -113,3 +114,43 @@ def test_nodes_sharing_host_cores_take_longer_than_nodes_with_devices_of_their_o
         assert cluster.cores.num_stepping == 0
     # other tenants' threads on the same core slow every step further
     assert ttft[1, 2.0] > ttft[1, 0.0] > ttft[0, 0.0]
+
+
+def test_relaying_on_the_same_host_takes_the_cores_when_tokens_flow():
+    import dataclasses
+
+    reqs = synthetic(40, 100.0, (200, 400), (5, 20), SHAPE.vocab_size, seed=5)
+    config = ClusterConfig(num_prefill=1, num_decode=1)
+    e2e = {}
+    for relay in (0.0, 0.01):
+        profile = dataclasses.replace(
+            H100, host_cores=1, host_relay_request_s=relay, host_relay_token_s=relay
+        )
+        cluster = Cluster(config, SHAPE, profile)
+        records = cluster.run(reqs)
+        e2e[relay] = sum(r.finish_s - r.arrival_s for r in records)
+        assert cluster.cores.num_stepping == 0  # every relay task ended
+    assert e2e[0.01] > e2e[0.0]
+    # with devices of their own the router and clients take no node's time
+    own = dataclasses.replace(H100, host_relay_request_s=0.01, host_relay_token_s=0.01)
+    with_relay = Cluster(config, SHAPE, own).run(reqs)
+    without = Cluster(config, SHAPE, H100).run(reqs)
+    assert [r.finish_s for r in with_relay] == [r.finish_s for r in without]
+
+
+def test_a_busy_prefill_worker_notifies_after_its_next_step():
+    # Two prompts of one step each arrive together at the only prefill worker: the first
+    # one's write lands during the second one's step, and the worker's loop sees it only
+    # after that step (as PrefillWorker.poll runs after each step), so its first token
+    # comes after both steps.
+    config = ClusterConfig(
+        num_prefill=1, num_decode=1, num_kv_blocks=64, max_num_batched_tokens=256,
+        max_model_len=1024,
+    )  # fmt: skip
+    reqs = [SimRequest.of_tokens(f"r{i}", 0.0, [3 + i] * 256, 2) for i in range(2)]
+    cluster, records = run(config, reqs)
+    step = StepTimeModel(SHAPE, H100, role="prefill").step_time(StepShape.of([256], [256], 1))
+    first = min(records, key=lambda r: r.first_token_s)
+    assert [r.remote for r in records] == [True, True]
+    assert first.first_token_s - first.arrival_s > 2 * step
+    assert cluster.prefills[0].num_steps == 2

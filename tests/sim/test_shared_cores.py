@@ -53,3 +53,24 @@ def test_a_stopped_step_never_ends_and_frees_its_share():
     events.run()
     assert [n for n, _ in ends] == ["alive"]
     assert ends[0][1] == pytest.approx(1.5)
+
+
+def test_a_task_takes_its_share_until_its_work_is_done():
+    # one core: a step of 1 s and, from 0.5, a task of 0.25 s: both at half speed until the
+    # task is done at 1.0 (the step has 0.25 s left), then the step alone until 1.25
+    events = EventQueue()
+    shared = SharedCores(events, 1)
+    ends: list[float] = []
+    shared.start(object(), 1.0, lambda: ends.append(events.now))
+    events.at(0.5, shared.run, 0.25)
+    events.run()
+    assert ends == [pytest.approx(1.25)]
+    assert shared.num_stepping == 0
+    start = events.now
+    shared.run(1.0)  # two tasks at once are two shares: each at half speed
+    shared.run(1.0)
+    assert shared.num_stepping == 2
+    shared.start(object(), 0.5, lambda: ends.append(events.now - start))
+    events.run()  # the step, a third share, ends first: 0.5 s of work at a third of a core
+    assert shared.num_stepping == 0 and ends[1] == pytest.approx(1.5)
+    SharedCores(events, 0).run(1.0)  # a device each: no host work to share
