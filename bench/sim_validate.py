@@ -23,12 +23,14 @@ validation slice is the `--num-requests` after it, never seen by the fit):
   (from /proc), charged per decode step (`step_overhead_s`) or per token
   (`token_overhead_s`), on the shipped profile.
 
-With `--background-load measured` the simulated host also runs the work that is not a
-node's step, as `host_background_load`: the cores kept busy during the real validation run
-(/proc/stat) by everything but the logged steps (`log`: other tenants, the router, the
-client, the supervisor, and the nodes' own work between steps) or by everything but the
-prefill and decode processes (`step`, `token`). The simulated nodes share the host's cores
-with it and with each other by processor sharing (`sim/shared_cores.py`).
+With `--background-load measured` the simulated host also runs the work that is not
+simulated, as `host_background_load`: the cores kept busy during the real validation run
+(/proc/stat) less what the simulation will run itself: with `log`, each logged step's
+runner CPU plus its role's fitted work outside the runner, and the router's and client's
+CPU (relay tasks), leaving the nodes' work between steps, other tenants and the
+supervisor; otherwise less the prefill and decode processes' CPU (`step`, `token`, or no
+fit slice). The simulated nodes share the host's cores with it and with each other by
+processor sharing (`sim/shared_cores.py`).
 
 Besides the latencies it prints what the decode nodes measured themselves (their mean
 inter-token latency, their steps) and the CPU seconds of each process of the deployment,
@@ -187,14 +189,12 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
     relay = relay_probe(base, root)
     out = []
     for requests in slices:
+        phases_before, last_steps = router_phases(base), last_step_seqs(base)
         before, cpu_before, host_before = node_counters(base), cpu_seconds(root), host_busy()
-        phases_before = router_phases(base)
-        last_steps = {
-            url: steps[-1]["seq"] if steps else 0 for url, (_, steps) in node_steps(base).items()
-        }
         figures = _figures(requests, *asyncio.run(replay(base, requests)))
         after, cpu_after, host_after = node_counters(base), cpu_seconds(root), host_busy()
         figures["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
+        figures["host_busy_s"] = host_after - host_before
         # everything on the host but the nodes: other tenants, the router, the client
         cpu = figures["cpu_s"]
         others = host_after - host_before - cpu.get("decode", 0.0) - cpu.get("prefill", 0.0)
@@ -211,13 +211,7 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
             for k in phases
         }
         figures["relay_probe"] = relay
-        figures["step_log"] = logs = node_steps(base, last_steps)
-        # everything on the host but the nodes' steps and the relaying of tokens (the
-        # nodes' work between steps, other tenants, the supervisor)
-        relay = cpu.get("router", 0.0) + cpu.get("client", 0.0)
-        figures["step_background_cores"] = (
-            max(0.0, host_after - host_before - step_cpu(logs) - relay) / figures["duration_s"]
-        )
+        figures["step_log"] = node_steps(base, last_steps)
         out.append(figures)
     return out
 
@@ -317,23 +311,39 @@ def router_phases(base: str) -> dict[str, tuple[float, float]]:
     }
 
 
-def step_cpu(logs: dict[str, tuple[str, list[dict]]]) -> float:
-    """CPU seconds of the logged steps: the model runner's, plus the rest of the process's
-    over each measured cycle (a step followed by a wait counts its runner's time only)."""
-    total = 0.0
-    for _, steps in logs.values():
-        for r in steps:
-            total += r["cycle_cpu_s"] if r["cycle_cpu_s"] is not None else r["execute_cpu_s"]
-    return total
+def step_background(real: dict, profile: DeviceProfile) -> float:
+    """Busy cores of everything on the host during `real`'s slice that the fitted
+    `profile` does not simulate: host CPU less each logged step's runner CPU and the
+    role's fitted work outside it, and less the router's and client's CPU (simulated as
+    relay tasks). The nodes' work between steps, other tenants and the supervisor remain."""
+    simulated = 0.0
+    for role, steps in real["step_log"].values():
+        step_s, seq_s = profile.host_overhead(role)
+        simulated += sum(r["execute_cpu_s"] + step_s + seq_s * r["num_seqs"] for r in steps)
+    cpu = real["cpu_s"]
+    simulated += cpu.get("router", 0.0) + cpu.get("client", 0.0)
+    return max(0.0, real["host_busy_s"] - simulated) / real["duration_s"]
 
 
-def node_steps(base: str, since: dict[str, int] | None = None) -> dict[str, tuple[str, list[dict]]]:
-    """Every node's logged steps (`GET /debug/steps`) after step `since[url]`, by URL with
-    its role."""
+def last_step_seqs(base: str) -> dict[str, int]:
+    """Every node's last step number so far, by URL (no records fetched)."""
     out = {}
     for w in _entries(httpx.get(f"{base}/workers", timeout=10).json()):
-        params = {"since": (since or {}).get(w["url"], 0)}
-        steps = httpx.get(f"{w['url']}/debug/steps", params=params, timeout=10).json()["steps"]
+        # a step number no node reaches: only the last seq comes back
+        reply = httpx.get(f"{w['url']}/debug/steps", params={"since": 2**62}, timeout=10)
+        out[w["url"]] = reply.json()["last"]
+    return out
+
+
+def node_steps(base: str, since: dict[str, int]) -> dict[str, tuple[str, list[dict]]]:
+    """Every node's logged steps (`GET /debug/steps`) after step `since[url]`, by URL with
+    its role; all of them (the log dropped none)."""
+    out = {}
+    for w in _entries(httpx.get(f"{base}/workers", timeout=10).json()):
+        first = since.get(w["url"], 0)
+        reply = httpx.get(f"{w['url']}/debug/steps", params={"since": first}, timeout=10).json()
+        steps = reply["steps"]
+        assert not steps or steps[0]["seq"] == first + 1, f"{w['url']} dropped steps"
         out[w["url"]] = (w["role"], steps)
     return out
 
@@ -464,8 +474,11 @@ def one_run(args, model: str, profile, fit_slice, requests) -> dict:
         profile, record = fit_overhead(args, model, profile, fit_slice, reals[0])
     real = reals[-1]
     if args.background_load == "measured":  # the other tenants, during the real run
-        key = "step_background_cores" if args.fit_overhead == "log" else "background_cores"
-        profile = dataclasses.replace(profile, host_background_load=real[key])
+        if fit_slice and args.fit_overhead == "log":
+            background = step_background(real, profile)
+        else:
+            background = real["background_cores"]
+        profile = dataclasses.replace(profile, host_background_load=background)
     return {
         "real": real,
         "sim": run_sim(args, model, profile, requests),

@@ -154,11 +154,11 @@ class NodeCore:
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one scheduled step on the model, logged and counted."""
-        clocks = self.steps.begin()
         contexts = [
             r.num_computed_tokens + n for r, n in zip(out.scheduled, out.num_scheduled_tokens)
         ]
         work = StepWork.of(out.num_scheduled_tokens, contexts)
+        clocks = self.steps.begin()
         result = self.runner.execute(out)
         sampled = sum(1 for t in result.sampled_token_ids if t is not None)
         self.steps.end(clocks, work, sampled)

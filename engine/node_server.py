@@ -166,11 +166,13 @@ class NodeServer:
 
         @app.get("/debug/steps")
         async def debug_steps(since: int = 0) -> Response:
-            """The logged engine steps after step `since` (`engine/step_log.py`)."""
+            """The logged engine steps after step `since`, and the last step's number
+            (`engine/step_log.py`)."""
             if (busy := self.not_ready()) is not None:
                 return busy
-            steps = self.worker.core.steps
-            return JSONResponse({"steps": await self.call(lambda: steps.since(since))})
+            log = self.worker.core.steps
+            steps, last = await self.call(lambda: (log.since(since), log.last_seq))
+            return JSONResponse({"last": last, "steps": steps})
 
         @app.post("/debug/blocks")
         async def debug_blocks(query: BlocksQuery) -> Response:

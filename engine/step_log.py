@@ -93,6 +93,11 @@ class StepLog:
         """The loop may wait before its next step: the open cycle is not a cycle."""
         self._open = None
 
+    @property
+    def last_seq(self) -> int:
+        """The last step's number (0 before the first)."""
+        return self._seq
+
     def since(self, seq: int = 0) -> list[dict[str, object]]:
         """The records after step `seq` still in the log, oldest first."""
         return [asdict(r) for r in self._records if r.seq > seq]

@@ -122,8 +122,12 @@ class SimPrefill(SimNode):
         job.num_writes += 1
         self.num_blocks_sent += len(src)
         self.num_bytes += len(src) * self.transfer.block_bytes
-        # the loop sees the write done between its steps, as `PrefillWorker.poll` runs
-        self.cluster.events.at(self.link_free_s, self.deliver, self._write_done, job, hold)
+        self.cluster.events.at(self.link_free_s, self._landed, job, hold)
+
+    def _landed(self, job: Job, hold: str) -> None:
+        """The write ended: in error if its decode node was dead by then. The loop sees it
+        between its steps, as `PrefillWorker.poll` runs after each step."""
+        self.deliver(self._write_done, job, hold, job.msg.decode.dead)
 
     def after_update(
         self, out: SchedulerOutput, sampled: list[int | None], finished: list[Request]
@@ -138,12 +142,12 @@ class SimPrefill(SimNode):
         for key, reason in failed.items():
             self._end(self.jobs[key], reason)
 
-    def _write_done(self, job: Job, hold: str) -> None:
+    def _write_done(self, job: Job, hold: str, failed: bool) -> None:
         if self.dead:
             return
         self.kv.release(hold)
         job.num_writes -= 1
-        if job.msg.decode.dead:  # it died before the write landed: the write ends in error
+        if failed:  # its decode node died before the write landed: it ended in error
             self.transfer_failures["write"] += 1
             self._end(job, "transfer")
         else:

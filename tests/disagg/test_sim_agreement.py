@@ -128,6 +128,9 @@ def test_simulated_and_real_requests_hit_the_same_blocks(cluster, decode, llama_
         num_tokens - warm_num_tokens,
     )
     assert all(s["num_seqs"] == 1 for s in steps)  # served one at a time
+    # the loop measures a cycle between a request's steps and none after its last one,
+    # when it goes idle until the next request
+    assert sum(s["cycle_s"] is None for s in steps) == len(real)
     blocks = [cached // BLOCK for cached, _ in real]
     # the workload exercises what it should: hits and misses, remote and local prefills,
     # and evictions (a larger cache would have kept more)

@@ -36,8 +36,10 @@ def test_back_to_back_steps_form_cycles_and_a_wait_breaks_one():
 
 def test_since_returns_only_later_steps_and_the_log_is_bounded():
     log = StepLog(capacity=3)
+    assert log.last_seq == 0
     for n in range(1, 6):
         run_step(log, n)
+    assert log.last_seq == 5
     assert [r["seq"] for r in log.since()] == [3, 4, 5]
     assert [r["seq"] for r in log.since(4)] == [5]
     assert log.since(5) == []

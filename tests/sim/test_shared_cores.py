@@ -73,4 +73,6 @@ def test_a_task_takes_its_share_until_its_work_is_done():
     shared.start(object(), 0.5, lambda: ends.append(events.now - start))
     events.run()  # the step, a third share, ends first: 0.5 s of work at a third of a core
     assert shared.num_stepping == 0 and ends[1] == pytest.approx(1.5)
-    SharedCores(events, 0).run(1.0)  # a device each: no host work to share
+    own = SharedCores(events, 0)  # a device each: no host work to share
+    own.run(1.0)
+    assert own.num_stepping == 0 and not events._heap  # nothing queued
