@@ -22,7 +22,7 @@ from tandem.engine.model_runner import ModelRunner
 from tandem.engine.node_agent import NodeAgent
 from tandem.engine.request_log import configure_logging
 from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
-from tandem.engine.step_log import StepLog, StepWork
+from tandem.engine.step_log import StepLog, StepWork, context_lens
 from tandem.engine.tokenizer import load_tokenizer
 from tandem.engine.tp_group import exit_process
 from tandem.engine.tracing import add_tracing_argument
@@ -154,10 +154,7 @@ class NodeCore:
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one scheduled step on the model, logged and counted."""
-        contexts = [
-            r.num_computed_tokens + n for r, n in zip(out.scheduled, out.num_scheduled_tokens)
-        ]
-        work = StepWork.of(out.num_scheduled_tokens, contexts)
+        work = StepWork.of(out.num_scheduled_tokens, context_lens(out))
         clocks = self.steps.begin()
         result = self.runner.execute(out)
         sampled = sum(1 for t in result.sampled_token_ids if t is not None)

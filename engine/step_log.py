@@ -17,6 +17,10 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tandem.engine.scheduler import SchedulerOutput
 
 # Enough for a few minutes of a busy decode node (a record is ~100 bytes).
 DEFAULT_CAPACITY = 16384
@@ -26,6 +30,12 @@ def attention_pairs(num_new: int, context_len: int) -> int:
     """Query-key pairs causal attention scores for `num_new` tokens ending a context of
     `context_len` tokens: the i-th new token (from 0) sees `context_len - num_new + i + 1`."""
     return num_new * context_len - num_new * (num_new - 1) // 2
+
+
+def context_lens(out: SchedulerOutput) -> list[int]:
+    """Each scheduled request's context after the step, from its plan (before the step's
+    counters advance)."""
+    return [r.num_computed_tokens + n for r, n in zip(out.scheduled, out.num_scheduled_tokens)]
 
 
 @dataclass(frozen=True)

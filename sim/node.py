@@ -18,6 +18,7 @@ from tandem.engine.kv_cache_manager import KVCacheManager
 from tandem.engine.kv_events import KVEventBatch, Load, load_of
 from tandem.engine.request import Request
 from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tandem.engine.step_log import context_lens
 from tandem.sim.step_model import StepShape, StepTimeModel
 
 if TYPE_CHECKING:
@@ -104,8 +105,8 @@ class SimNode:
         self.busy_s += duration
         self.kv_usage_s += duration * kv_usage
         sampled = [
-            SAMPLED_TOKEN if r.num_computed_tokens + n >= r.num_tokens else None
-            for r, n in zip(out.scheduled, out.num_scheduled_tokens)
+            SAMPLED_TOKEN if c >= r.num_tokens else None
+            for r, c in zip(out.scheduled, context_lens(out))
         ]
         self.before_update(out)
         result = ModelRunnerOutput(sampled, [None] * len(sampled))
@@ -155,6 +156,6 @@ class SimNode:
 
 def step_shape(out: SchedulerOutput) -> StepShape:
     """What the step-time model needs of a step's plan (before its counters advance)."""
-    contexts = [r.num_computed_tokens + n for r, n in zip(out.scheduled, out.num_scheduled_tokens)]
+    contexts = context_lens(out)
     num_sampled = sum(1 for r, c in zip(out.scheduled, contexts) if c >= r.num_tokens)
     return StepShape.of(out.num_scheduled_tokens, contexts, num_sampled)
