@@ -27,10 +27,10 @@ With `--background-load measured` the simulated host also runs the work that is 
 simulated, as `host_background_load`: the cores kept busy during the real validation run
 (/proc/stat) less what the simulation will run itself: with `log`, each logged step's
 runner CPU plus its role's fitted work outside the runner, and the router's and client's
-CPU (relay tasks), leaving the nodes' work between steps, other tenants and the
-supervisor; otherwise less the prefill and decode processes' CPU (`step`, `token`, or no
-fit slice). The simulated nodes share the host's cores with it and with each other by
-processor sharing (`sim/shared_cores.py`).
+CPU (each a single-threaded process in the simulation), leaving the nodes' work between
+steps, other tenants and the supervisor; otherwise less the prefill and decode processes'
+CPU (`step`, `token`, or no fit slice). The simulated nodes share the host's cores with it
+and with each other by processor sharing (`sim/shared_cores.py`).
 
 Besides the latencies it prints what the decode nodes measured themselves (their mean
 inter-token latency, their steps) and the CPU seconds of each process of the deployment,
@@ -61,11 +61,11 @@ from machine import describe_host
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
 from tandem.sim.calibration import fit_host_overhead, fit_logged_profile
-from tandem.sim.cluster import ClusterConfig
+from tandem.sim.cluster import Cluster, ClusterConfig
+from tandem.sim.interference import fit_interference, prefill_overlaps, without_interference
 from tandem.sim.profiles import DeviceProfile, load_profile
-from tandem.sim.results import SLO
+from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import load_shape
-from tandem.sim.simulate import simulate
 from tandem.sim.traces import read_trace
 from tandem.sim.workload import SimRequest, fit_lengths, scale_load
 from tests.disagg.nodes import metric_value
@@ -191,9 +191,12 @@ def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list
     for requests in slices:
         phases_before, last_steps = router_phases(base), last_step_seqs(base)
         before, cpu_before, host_before = node_counters(base), cpu_seconds(root), host_busy()
+        delay_before = thread_seconds(root, 1)
         figures = _figures(requests, *asyncio.run(replay(base, requests)))
+        delay_after = thread_seconds(root, 1)
         after, cpu_after, host_after = node_counters(base), cpu_seconds(root), host_busy()
         figures["cpu_s"] = {k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after}
+        figures["run_delay_s"] = {k: v - delay_before.get(k, 0.0) for k, v in delay_after.items()}
         figures["host_busy_s"] = host_after - host_before
         # everything on the host but the nodes: other tenants, the router, the client
         cpu = figures["cpu_s"]
@@ -225,6 +228,7 @@ def _figures(requests: list[SimRequest], results: list[dict], duration: float) -
     out["tpot_token_mean"] = sum(r["e2e"] - r["ttft"] for r in later) / sum(
         r["tokens"] - 1 for r in later
     )
+    out["requests"] = [[r["ttft"], r["e2e"], r["tokens"]] for r in results]  # in order
     return out
 
 
@@ -238,28 +242,61 @@ def host_busy() -> float:
 
 def cpu_seconds(root: int) -> dict[str, float]:
     """CPU seconds (user + system) so far of `root`'s process tree by role (router, decode,
-    prefill, supervisor) and of this process (the client), from /proc."""
+    prefill, supervisor) from /proc (in clock ticks, ended threads included), and of this
+    process (the client) to the microsecond."""
     tick = os.sysconf("SC_CLK_TCK")
-    procs: dict[int, tuple[int, float]] = {}  # pid -> (parent, cpu seconds)
-    for d in Path("/proc").iterdir():
-        try:
-            fields = (d / "stat").read_text().rsplit(")", 1)[1].split() if d.name.isdigit() else []
+    out: dict[str, float] = {"client": time.process_time()}
+    for pid, role in _tree_roles(root).items():
+        try:  # after the command: state, ppid, ..., utime (12th), stime (13th)
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields:  # after the command: state, ppid, ..., utime (12th), stime (13th)
-            procs[int(d.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    out: dict[str, float] = {"client": sum(os.times()[:2])}
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def thread_seconds(root: int, field: int) -> dict[str, float]:
+    """Summed over the live threads of `root`'s process tree (by role) and of this process
+    (the client), a field of /proc/PID/task/TID/schedstat in seconds: 0 their time on a
+    core so far, 1 their time runnable but waiting for a core (what contention cost them,
+    which CPU time does not show). A thread that has ended no longer counts."""
+    out: dict[str, float] = {"client": _task_stat(os.getpid(), field)}
+    for pid, role in _tree_roles(root).items():
+        out[role] = out.get(role, 0.0) + _task_stat(pid, field)
+    return out
+
+
+def _task_stat(pid: int, field: int) -> float:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            total += int((task / "schedstat").read_text().split()[field])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended, or the kernel keeps no schedstat
+    return total / 1e9
+
+
+def _tree_roles(root: int) -> dict[int, str]:
+    """The role of each process of `root`'s tree, from its command line."""
+    parents = {}
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit():
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
     tree, frontier = set(), {root}
     while frontier:
         tree |= frontier
-        frontier = {pid for pid, (parent, _) in procs.items() if parent in frontier} - tree
-    for pid in tree & procs.keys():
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - tree
+    out = {}
+    for pid in tree:
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        role = next((r for r in ("router", "decode", "prefill") if f"tandem.{r}" in cmd), "serve")
-        out[role] = out.get(role, 0.0) + procs[pid][1]
+        roles = ("router", "decode", "prefill")
+        out[pid] = next((r for r in roles if f"tandem.{r}" in cmd), "serve")
     return out
 
 
@@ -278,24 +315,51 @@ def node_counters(base: str) -> dict[str, float]:
 
 
 def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) -> dict:
-    """The router's and the client's CPU per request and per token relayed: the same
-    prompts (320 tokens) served with 1 output token and with `long`, a few at a time,
-    their CPU (from /proc) over each set; per token is the difference over the extra
-    tokens, per request what the 1-token set cost less its token."""
+    """The router's and the client's CPU each, per request and per token relayed: the same
+    prompts (320 tokens) served with 1 output token and with `long`, a few at a time, their
+    CPU (`cpu_seconds`) over each set; per token is the difference over the
+    extra tokens, per request what the 1-token set cost less its token. Of that, the part
+    before the router forwards a request is what one it refuses after parsing costs
+    (`max_tokens` beyond the context: the parse and the prompt's checks, without routing
+    and the forwarding call); the rest (`finish_s`) is charged when the request ends."""
 
-    def cpu_of(num_output: int) -> float:
+    def cpu_of(num_output: int) -> dict[str, float]:
         requests = [
             SimRequest.of_tokens(f"probe{num_output}-{i}", 0.05 * i, [11 + i % 7] * 320, num_output)
             for i in range(num_requests)
         ]
         before = cpu_seconds(root)
-        asyncio.run(replay(base, requests))
+        if num_output:
+            asyncio.run(replay(base, requests))
+        else:
+            asyncio.run(refused(base, requests))
         after = cpu_seconds(root)
-        return sum(after[k] - before.get(k, 0.0) for k in ("router", "client"))
+        return {k: after[k] - before.get(k, 0.0) for k in ("router", "client")}
 
-    short, longer = cpu_of(1), cpu_of(long)
-    token_s = max(0.0, longer - short) / (num_requests * (long - 1))
-    return {"request_s": max(0.0, short / num_requests - token_s), "token_s": token_s}
+    short, longer, parsed = cpu_of(1), cpu_of(long), cpu_of(0)
+    out = {}
+    for k in ("router", "client"):
+        token_s = max(0.0, longer[k] - short[k]) / (num_requests * (long - 1))
+        request_s = max(0.0, short[k] / num_requests - token_s)
+        before = min(request_s, parsed[k] / num_requests)
+        out[k] = {"request_s": before, "finish_s": request_s - before, "token_s": token_s}
+    return out
+
+
+async def refused(base: str, requests: list[SimRequest]) -> None:
+    """Send each request at its arrival time with a `max_tokens` no context holds: the
+    router parses it and answers 400 without forwarding it."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as http:
+        model = (await http.get(f"{base}/v1/models")).json()["data"][0]["id"]
+        start, t0 = time.perf_counter(), requests[0].arrival_s
+
+        async def one(r: SimRequest) -> None:
+            await asyncio.sleep(max(0.0, r.arrival_s - t0 - (time.perf_counter() - start)))
+            body = {"model": model, "prompt": r.token_ids(), "max_tokens": 1 << 30, "stream": True}
+            resp = await http.post(f"{base}/v1/completions", json=body)
+            assert resp.status_code == 400, resp.text
+
+        await asyncio.gather(*(one(r) for r in requests))
 
 
 def router_phases(base: str) -> dict[str, tuple[float, float]]:
@@ -315,7 +379,8 @@ def step_background(real: dict, profile: DeviceProfile) -> float:
     """Busy cores of everything on the host during `real`'s slice that the fitted
     `profile` does not simulate: host CPU less each logged step's runner CPU and the
     role's fitted work outside it, and less the router's and client's CPU (simulated as
-    relay tasks). The nodes' work between steps, other tenants and the supervisor remain."""
+    processes of their own). The nodes' work between steps, other tenants and the
+    supervisor remain."""
     simulated = 0.0
     for role, steps in real["step_log"].values():
         step_s, seq_s = profile.host_overhead(role)
@@ -378,8 +443,15 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
         num_kv_blocks=args.num_kv_blocks,
         max_model_len=args.max_model_len,
     )
-    s = simulate(config, load_shape(model), profile, requests, SLO())
+    cluster = Cluster(config, load_shape(model), profile)
+    records = cluster.run(requests)
+    cluster.check_integrity()
+    s = summarize(cluster, records, SLO())
     return {
+        "requests": [  # in arrival order, as the real ones
+            [r.first_token_s - r.arrival_s, r.finish_s - r.arrival_s, r.num_output_tokens]
+            for r in records
+        ],
         "ttft_p50": s["ttft_s"]["p50"],
         "ttft_p90": s["ttft_s"]["p90"],
         "tpot_p50": s["tpot_s"]["p50"],
@@ -400,10 +472,22 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
     the calibration slice (both roles), each role's work outside the runner per step and
     per sequence from its measured cycles, and the router's and client's CPU per request
     and per token relayed (`relay_probe`, before the slice). No latency is fitted."""
-    logs = real["step_log"]
-    records = [r for _, steps in logs.values() for r in steps]
-    fit = fit_logged_profile(records, load_shape(model), profile)
-    fitted, record = fit.profile, {"engine_median_error": f"{100 * fit.median_rel_error:.1f}%"}
+    logs, shape = real["step_log"], load_shape(model)
+    decode = [r for role, steps in logs.values() if role == "decode" for r in steps]
+    prefill = [r for role, steps in logs.values() if role == "prefill" for r in steps]
+    fit = fit_logged_profile(decode + prefill, shape, profile)
+    # the decode steps' runner CPU as if no prefill step ran beside them, then the engine
+    # refitted on that (`sim.interference`)
+    overlaps = prefill_overlaps(decode, prefill)
+    k = fit_interference(decode, overlaps, shape, fit.profile)
+    if k:
+        alone = without_interference(decode, overlaps, k)
+        fit = fit_logged_profile(alone + prefill, shape, profile)
+    fitted = dataclasses.replace(fit.profile, host_interference=k)
+    record = {
+        "engine_median_error": f"{100 * fit.median_rel_error:.1f}%",
+        "interference": f"{100 * k:.1f}% per prefill step",
+    }
     for role in ("decode", "prefill"):
         mine = [r for role_of, steps in logs.values() if role_of == role for r in steps]
         step_s, seq_s = fit_host_overhead(mine)
@@ -411,13 +495,12 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
             fitted, **{f"{role}_step_overhead_s": step_s, f"{role}_seq_overhead_s": seq_s}
         )
         record[role] = f"{1e3 * step_s:.3f} ms + {1e3 * seq_s:.3f} ms/seq"
-    relay = real["relay_probe"]
-    record["relay"] = (
-        f"{1e3 * relay['request_s']:.2f} ms/request + {1e3 * relay['token_s']:.3f} ms/token"
-    )
-    fitted = dataclasses.replace(
-        fitted, host_relay_request_s=relay["request_s"], host_relay_token_s=relay["token_s"]
-    )
+    for process, cost in real["relay_probe"].items():  # router, client
+        record[process] = (
+            f"{1e3 * cost['request_s']:.2f} ms/request before forwarding + "
+            f"{1e3 * cost['finish_s']:.2f} ms at its end + {1e3 * cost['token_s']:.3f} ms/token"
+        )
+        fitted = dataclasses.replace(fitted, **{f"host_{process}_{k}": v for k, v in cost.items()})
     return fitted, record
 
 
@@ -537,6 +620,8 @@ def print_run(i: int, run: dict) -> None:
         f"s: {run['fit_cpu']}; real/sim (ms, req/s): {figs}; decode nodes' own ITL "
         f"{1e3 * real['node_itl_mean']:.2f} ms; CPU s over {real['duration_s']:.1f} s: "
         + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
+        + "; run-queue waits s: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(real.get("run_delay_s", {}).items()))
         + "; simulated engine s: "
         + ", ".join(f"{k} {v:.1f}" for k, v in run["sim"]["busy_s"].items()),
         flush=True,

@@ -62,6 +62,8 @@ class StepRecord:
     num_context_tokens: int
     num_attention_pairs: int
     num_sampled: int  # requests that sampled a token
+    start_s: float  # the host's monotonic clock when the step started
+    execute_s: float  # wall inside the model runner
     execute_cpu_s: float  # the engine thread's CPU inside the model runner
     cycle_s: float | None = None  # wall, this step's start to the next one's
     cycle_cpu_s: float | None = None  # the process's CPU (all threads) over the same
@@ -86,6 +88,7 @@ class StepLog:
     def end(self, clocks: tuple[float, float, float], work: StepWork, num_sampled: int) -> None:
         """The step `begin` returned `clocks` for has run the model."""
         wall, cpu, thread0 = clocks
+        thread, now = time.thread_time(), time.monotonic()
         self._seq += 1
         record = StepRecord(
             self._seq,
@@ -94,7 +97,9 @@ class StepLog:
             work.num_context_tokens,
             work.num_attention_pairs,
             num_sampled,
-            time.thread_time() - thread0,
+            wall,
+            now - wall,
+            thread - thread0,
         )
         self._records.append(record)
         self._open = (record, wall, cpu)

@@ -19,6 +19,7 @@ from tandem.router.workers import WorkerAddress, WorkerState
 from tandem.sim.decode import SimDecode
 from tandem.sim.events import EventQueue
 from tandem.sim.faults import Faults
+from tandem.sim.host_process import HostProcess
 from tandem.sim.node import SimNode
 from tandem.sim.outages import Outages
 from tandem.sim.prefill import SimPrefill
@@ -139,7 +140,13 @@ class Cluster:
         self.profile = profile
         self.faults = faults or Faults()
         self.events = EventQueue()
-        self.cores = SharedCores(self.events, profile.host_cores, profile.host_background_load)
+        self.cores = SharedCores(
+            self.events, profile.host_cores, profile.host_background_load,
+            profile.host_interference,
+        )  # fmt: skip
+        # on a CPU host, the router's event loop and the clients' (one process each)
+        self.router_process = HostProcess(self.cores)
+        self.client_process = HostProcess(self.cores)
         self.num_hold_timeouts = 0  # holds released by their deadline, not a confirmation
         self.records: dict[str, RequestRecord] = {}
         self._live: dict[str, _Live] = {}
@@ -225,12 +232,17 @@ class Cluster:
         self.records[r.request_id] = record
         live = _Live(record, Prompt(token_ids, None, tuple(hashes)), r.num_output_tokens)
         self._live[r.request_id] = live
-        self.cores.run(self.profile.host_relay_request_s)  # the client's and router's share
-        self._dispatch(live)
+        self.client_process.submit(self.profile.host_client_request_s, self._to_router, live)
+
+    def _to_router(self, live: _Live) -> None:
+        """The client has sent the request; the router parses it before it routes it."""
+        self.router_process.submit(self.profile.host_router_request_s, self._dispatch, live)
 
     def _dispatch(self, live: _Live) -> None:
         """One attempt of `Dispatcher.records`' loop: route without the decode workers
         tried, count it in flight, send it (`POST /generate`)."""
+        if self._live.get(live.record.request_id) is not live:
+            return  # the client went away before the router got to it
         try:
             route, decode, prefill = self.router.route(live.prompt, frozenset(live.tried))
         except Unavailable as exc:
@@ -305,6 +317,8 @@ class Cluster:
         if live is None:
             return
         self._end(live, "aborted", self.events.now)
+        if not live.tried:
+            return  # the router has not forwarded it yet
         node: SimDecode = self.nodes[live.record.decode]
         self.send(node.deliver, node.abort, request_id)
 
@@ -327,8 +341,26 @@ class Cluster:
     def on_prefilled(self, request_id: str, num_cached_tokens: int) -> None:
         self.records[request_id].num_prefill_cached_tokens = num_cached_tokens
 
-    def on_token(self, request: Request) -> None:
-        """A token reached the client one hop after the decode node made it."""
+    def relay(self, requests: list[Request]) -> None:
+        """A decode node made a token for each of `requests`: the router relays them and
+        the clients read them, each process in its turn; each token reaches its client one
+        hop after its process is done with it."""
+        if not requests:
+            return
+        finished = [r.is_finished for r in requests]  # as they were when the node made them
+        router_s = len(requests) * self.profile.host_router_token_s
+        self.router_process.submit(router_s, self._to_client, requests, finished)
+
+    def _to_client(self, requests: list[Request], finished: list[bool]) -> None:
+        client_s = len(requests) * self.profile.host_client_token_s
+        self.client_process.submit(client_s, self._tokens_arrive, requests, finished)
+
+    def _tokens_arrive(self, requests: list[Request], finished: list[bool]) -> None:
+        for request, last in zip(requests, finished):
+            self.on_token(request, last)
+
+    def on_token(self, request: Request, finished: bool) -> None:
+        """A token reached the client; `finished`: it was the request's last."""
         live = self._live.get(request.request_id)
         if live is None or live.request is not request:
             return  # the client has gone, or the router gave up on this attempt
@@ -339,7 +371,7 @@ class Cluster:
         if live.prefill is not None:
             live.prefill.inflight -= 1  # the prefill part is over
             live.prefill = None
-        if request.is_finished:
+        if finished:
             record.finish_s = now
             record.num_preemptions = request.num_preemptions
             self._end(live, "finished", now)
@@ -362,6 +394,9 @@ class Cluster:
         live.record.outcome, live.record.ended_s = outcome, now
         self._uncount(live)
         del self._live[live.record.request_id]
+        # the rest of the request's work in the router and its client, in their turn
+        self.router_process.submit(self.profile.host_router_finish_s, _nothing)
+        self.client_process.submit(self.profile.host_client_finish_s, _nothing)
 
     @staticmethod
     def _uncount(live: _Live) -> None:
@@ -381,3 +416,7 @@ class Cluster:
     def num_held_blocks(self) -> int:
         """Blocks that live nodes still hold for transfers (0 once every hold resolved)."""
         return sum(n.kv.num_held_blocks for n in self.nodes.values() if not n.dead)
+
+
+def _nothing() -> None:
+    pass

@@ -75,19 +75,13 @@ class SimDecode(SimNode):
     def after_update(
         self, out: SchedulerOutput, sampled: list[int | None], finished: list[Request]
     ) -> None:
-        num_sampled = 0
-        for request, token in zip(out.scheduled, sampled):
-            if token is not None:
-                num_sampled += 1
-                self._on_token(request)
-        self._relay(num_sampled)
-
-    def _relay(self, num_tokens: int) -> None:
-        """The router and clients on this host take the tokens' records (CPU hosts)."""
-        self.cluster.cores.run(num_tokens * self.cluster.profile.host_relay_token_s)
+        made = [r for r, token in zip(out.scheduled, sampled) if token is not None]
+        for request in made:
+            self._on_token(request)
+        self.cluster.relay(made)
 
     def _on_token(self, request: Request) -> None:
-        self.cluster.on_token(request)
+        """A token leaves for the router (`Cluster.relay` carries the step's tokens)."""
         if request.is_finished:
             del self.streams[request.request_id]
             self.failover.forget(request.request_id)
@@ -162,7 +156,7 @@ class SimDecode(SimNode):
             return
         self.scheduler.complete_remote_prefill(request_id, token_id, None)
         self._on_token(request)
-        self._relay(1)
+        self.cluster.relay([request])
         self.poke()
 
     def on_reply(self, request_id: str, attempt: int, failure: str | None) -> None:

@@ -95,7 +95,8 @@ class SimNode:
         self.num_tokens += out.total_num_scheduled_tokens
         work = self.step_model.step_time(step_shape(out))
         now = self.cluster.events.now
-        self.cluster.cores.start(self, work, self._end_step, out, now, self.kv.usage())
+        cores = self.cluster.cores
+        cores.start(self, work, self._end_step, out, now, self.kv.usage(), role=self.role)
         # its duration: the work alone, stretched while other steps share the host's cores
 
     def _end_step(self, out: SchedulerOutput, started_s: float, kv_usage: float) -> None:

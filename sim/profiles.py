@@ -53,12 +53,17 @@ class DeviceProfile:
     decode_seq_overhead_s: float = 0.0
     prefill_step_overhead_s: float = 0.0
     prefill_seq_overhead_s: float = 0.0
-    # CPU hosts: CPU seconds that the router and the clients on the same host spend per
-    # request (at its arrival) and per token they relay (after each decode step), as tasks
-    # on the host's cores (`SharedCores.run`); 0 where they have cores of their own.
-    # Measured by bench/sim_validate.py.
-    host_relay_request_s: float = 0.0
-    host_relay_token_s: float = 0.0
+    # CPU hosts: CPU seconds that the router and the clients on the same host each spend
+    # per request before the router forwards it (`request`), per request when it ends
+    # (`finish`: the rest of a request's work) and per token relayed (after each decode
+    # step); each is a single-threaded process on the host's cores (`sim/host_process.py`).
+    # 0 where they have cores of their own. Measured by bench/sim_validate.py.
+    host_router_request_s: float = 0.0
+    host_router_finish_s: float = 0.0
+    host_router_token_s: float = 0.0
+    host_client_request_s: float = 0.0
+    host_client_finish_s: float = 0.0
+    host_client_token_s: float = 0.0
     memory_utilization: float = 0.9
     # CPU hosts: every node of a simulated deployment shares these cores (`tandem serve` on
     # one machine), so a step stretches while more nodes step at once than there are cores.
@@ -67,6 +72,10 @@ class DeviceProfile:
     # CPU hosts shared with other tenants: their runnable threads on those cores (a load
     # average measured without the deployment), which take their share of the cores too.
     host_background_load: float = 0.0
+    # CPU hosts: the share by which each prefill step running on the host slows a decode
+    # step's own work (shared caches, memory bandwidth; `sim/shared_cores.py`), fitted from
+    # the nodes' step logs by bench/sim_validate.py. 0 on devices of their own.
+    host_interference: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "mem_bandwidth", "kv_link_bandwidth"):

@@ -6,9 +6,14 @@ steps join it and speeds up when they leave (a stretch fixed at a step's start, 
 model, missed both). With `cores` 0 every node has a device of its own: steps take their
 time alone.
 
-Other work on the host that follows the nodes' steps (the router and the clients relaying
-each token a decode step produced) runs as tasks (`run`): each takes its share of the cores
-as a step does until its work is done.
+Single-threaded processes on the host (the router, the clients: `sim/host_process.py`) take
+one share while they work, as a node does while it steps.
+
+Steps on one host also slow each other down beyond their share of the cores: a prefill
+step's matrix products evict a decode step's weights and KV from the shared caches and take
+the memory bandwidth, so a decode step's own work grows by `interference` per prefill step
+running beside it (measured from the nodes' step logs, `sim.calibration.fit_interference`:
+a decode step's runner CPU against the prefill steps overlapping it).
 """
 
 from __future__ import annotations
@@ -25,17 +30,20 @@ class _Step:
     work_s: float  # left, in seconds alone
     done: Callable[..., None]
     args: tuple[Any, ...]
+    role: str = ""  # "prefill", "decode", or "" for a host process's work
 
 
 class SharedCores:
     """The steps in progress on the host and their common rate."""
 
-    def __init__(self, events: EventQueue, cores: int, background: float = 0.0) -> None:
+    def __init__(
+        self, events: EventQueue, cores: int, background: float = 0.0, interference: float = 0.0
+    ) -> None:
         self.events = events
         self.cores = cores
         self.background = background
-        self._steps: dict[object, _Step] = {}  # by owner id, or ("task", n)
-        self._num_tasks = 0
+        self.interference = interference
+        self._steps: dict[int, _Step] = {}  # by owner id
         self._since = 0.0  # when the work left was last brought up to date
         self._generation = 0  # end events of an older generation are stale
 
@@ -44,27 +52,29 @@ class SharedCores:
         return len(self._steps)
 
     def rate(self) -> float:
-        """Speed of each step now, against the step alone on a core."""
+        """Speed of each step now, against the step alone on a core (a decode step's
+        interference aside, `rate_of`)."""
         if not self.cores or not self._steps:
             return 1.0
         return min(1.0, self.cores / (len(self._steps) + self.background))
 
-    def start(self, owner: object, work_s: float, done: Callable[..., None], *args: Any) -> None:
+    def rate_of(self, role: str) -> float:
+        """Speed now of a step of `role`: its share of the cores, less the interference of
+        the prefill steps beside a decode step."""
+        if role != "decode" or not self.interference:
+            return self.rate()
+        prefills = sum(1 for step in self._steps.values() if step.role == "prefill")
+        return self.rate() / (1.0 + self.interference * prefills)
+
+    def start(
+        self, owner: object, work_s: float, done: Callable[..., None], *args: Any, role: str = ""
+    ) -> None:
         """`owner` starts a step of `work_s` seconds alone; `done(*args)` at its end."""
         if not self.cores:
             self.events.after(work_s, done, *args)
             return
         self._advance()
-        self._steps[id(owner)] = _Step(work_s, done, args)
-        self._reschedule()
-
-    def run(self, work_s: float) -> None:
-        """Work of `work_s` seconds alone that takes its share of the cores until done."""
-        if not self.cores or work_s <= 0:
-            return
-        self._num_tasks += 1
-        self._advance()
-        self._steps[("task", self._num_tasks)] = _Step(work_s, _nothing, ())
+        self._steps[id(owner)] = _Step(work_s, done, args, role)
         self._reschedule()
 
     def stop(self, owner: object) -> None:
@@ -75,16 +85,19 @@ class SharedCores:
             self._reschedule()
 
     def _advance(self) -> None:
-        now, rate = self.events.now, self.rate()
+        now, rates = self.events.now, self._rates()
         for step in self._steps.values():
-            step.work_s = max(0.0, step.work_s - (now - self._since) * rate)
+            step.work_s = max(0.0, step.work_s - (now - self._since) * rates[step.role])
         self._since = now
 
     def _reschedule(self) -> None:
         self._generation += 1
-        rate = self.rate()
+        rates = self._rates()
         for key, step in self._steps.items():
-            self.events.after(step.work_s / rate, self._end, key, self._generation)
+            self.events.after(step.work_s / rates[step.role], self._end, key, self._generation)
+
+    def _rates(self) -> dict[str, float]:
+        return {role: self.rate_of(role) for role in ("", "prefill", "decode")}
 
     def _end(self, key: object, generation: int) -> None:
         if generation != self._generation:
@@ -93,7 +106,3 @@ class SharedCores:
         step = self._steps.pop(key)
         self._reschedule()
         step.done(*step.args)
-
-
-def _nothing() -> None:
-    pass

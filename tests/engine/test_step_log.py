@@ -32,6 +32,11 @@ def test_back_to_back_steps_form_cycles_and_a_wait_breaks_one():
     # the cycle holds the step's own CPU (the process clock counts the thread's too)
     assert first["cycle_cpu_s"] >= first["execute_cpu_s"] * 0.5
     assert first["cycle_s"] > 0
+    # a timeline on the host's clock: each step starts after the previous one's runner
+    # returned, and its cycle ends where the next step starts
+    assert first["execute_s"] > 0
+    assert records[1]["start_s"] >= first["start_s"] + first["execute_s"]
+    assert records[1]["start_s"] - first["start_s"] == first["cycle_s"]
 
 
 def test_since_returns_only_later_steps_and_the_log_is_bounded():

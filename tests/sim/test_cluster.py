@@ -122,20 +122,41 @@ def test_relaying_on_the_same_host_takes_the_cores_when_tokens_flow():
     reqs = synthetic(40, 100.0, (200, 400), (5, 20), SHAPE.vocab_size, seed=5)
     config = ClusterConfig(num_prefill=1, num_decode=1)
     e2e = {}
+    relay_fields = [
+        f"{p}_{k}" for p in ("router", "client") for k in ("request", "finish", "token")
+    ]
     for relay in (0.0, 0.01):
-        profile = dataclasses.replace(
-            H100, host_cores=1, host_relay_request_s=relay, host_relay_token_s=relay
-        )
+        costs = {f"host_{name}_s": relay for name in relay_fields}
+        profile = dataclasses.replace(H100, host_cores=1, **costs)
         cluster = Cluster(config, SHAPE, profile)
         records = cluster.run(reqs)
         e2e[relay] = sum(r.finish_s - r.arrival_s for r in records)
-        assert cluster.cores.num_stepping == 0  # every relay task ended
+        assert cluster.cores.num_stepping == 0  # every process's work ended
+        assert all(r.outcome == "finished" for r in records)
     assert e2e[0.01] > e2e[0.0]
     # with devices of their own the router and clients take no node's time
-    own = dataclasses.replace(H100, host_relay_request_s=0.01, host_relay_token_s=0.01)
+    own = dataclasses.replace(H100, **{f"host_{name}_s": 0.01 for name in relay_fields})
     with_relay = Cluster(config, SHAPE, own).run(reqs)
     without = Cluster(config, SHAPE, H100).run(reqs)
     assert [r.finish_s for r in with_relay] == [r.finish_s for r in without]
+
+
+def test_the_router_forwards_a_burst_one_request_after_the_other():
+    # Eight requests arrive at the same instant on a host of two cores: the router's event
+    # loop parses them in turn (20 ms each), so the k-th reaches a decode node no earlier
+    # than (k+1) x 20 ms after the burst; as tasks side by side they all left together.
+    import dataclasses
+
+    config = ClusterConfig(num_prefill=1, num_decode=2, num_kv_blocks=256)
+    reqs = [SimRequest.of_tokens(f"r{i}", 1.0, [5 + i] * 64, 2) for i in range(8)]
+    profile = dataclasses.replace(H100, host_cores=2, host_router_request_s=0.02)
+    cluster = Cluster(config, SHAPE, profile)
+    records = cluster.run(reqs)
+    admitted = sorted(r.admitted_s - r.arrival_s for r in records)
+    for k, delay in enumerate(admitted):
+        assert delay >= (k + 1) * 0.02 - 1e-9
+    assert cluster.router_process.busy_s == pytest.approx(8 * 0.02)
+    assert all(r.outcome == "finished" for r in records)
 
 
 def test_a_busy_prefill_worker_notifies_after_its_next_step():
@@ -154,3 +175,24 @@ def test_a_busy_prefill_worker_notifies_after_its_next_step():
     assert [r.remote for r in records] == [True, True]
     assert first.first_token_s - first.arrival_s > 2 * step
     assert cluster.prefills[0].num_steps == 2
+
+
+def test_a_client_that_goes_away_before_the_router_forwards_its_request():
+    # The router takes 50 ms per request; every client gives up 0.12 s after it sent: of
+    # eight requests that arrive together the last ones are still queued in the router then,
+    # end aborted and never reach a node; nothing is left held or counted in flight.
+    import dataclasses
+
+    from tandem.sim.faults import Faults
+
+    config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=256)
+    reqs = [SimRequest.of_tokens(f"r{i}", 0.0, [5 + i] * 64, 50) for i in range(8)]
+    profile = dataclasses.replace(H100, host_cores=2, host_router_request_s=0.05)
+    cluster = Cluster(config, SHAPE, profile, faults=Faults(abort_share=1.0, abort_after_s=0.12))
+    records = cluster.run(reqs)
+    never_forwarded = [r for r in records if not r.decode]
+    assert never_forwarded and all(r.outcome == "aborted" for r in never_forwarded)
+    assert all(r.outcome in ("aborted", "finished") for r in records)
+    cluster.check_integrity()
+    assert cluster.num_held_blocks == 0
+    assert all(w.inflight == 0 for w in cluster.router.pool.workers.values())

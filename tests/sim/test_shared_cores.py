@@ -9,8 +9,10 @@ def _run(cores: int, background: float, steps: list[tuple[float, str, float]]) -
     events = EventQueue()
     shared = SharedCores(events, cores, background)
     ends: dict[str, float] = {}
+    owners = []  # kept alive: the cores key a step by its owner's id
     for at, name, work in steps:
         owner = object()
+        owners.append(owner)
         ends[name] = -1.0
         events.at(at, shared.start, owner, work, lambda n: ends.__setitem__(n, events.now), name)
     events.run()
@@ -55,24 +57,25 @@ def test_a_stopped_step_never_ends_and_frees_its_share():
     assert ends[0][1] == pytest.approx(1.5)
 
 
-def test_a_task_takes_its_share_until_its_work_is_done():
-    # one core: a step of 1 s and, from 0.5, a task of 0.25 s: both at half speed until the
-    # task is done at 1.0 (the step has 0.25 s left), then the step alone until 1.25
+def test_prefill_steps_beside_a_decode_step_slow_its_work():
+    # four cores (no step waits for one), interference 0.25: a decode step of 1 s of work
+    # runs alone for 0.5 s, then beside two prefill steps at 1 / 1.5 of its speed, so its
+    # last 0.5 s take 0.75 s; the prefill steps are not slowed
     events = EventQueue()
-    shared = SharedCores(events, 1)
-    ends: list[float] = []
-    shared.start(object(), 1.0, lambda: ends.append(events.now))
-    events.at(0.5, shared.run, 0.25)
+    shared = SharedCores(events, 4, interference=0.25)
+    ends: dict[str, float] = {}
+    owners = {name: object() for name in ("decode", "p1", "p2")}  # alive: keyed by id
+
+    def start(name: str, work: float, role: str) -> None:
+        shared.start(owners[name], work, lambda: ends.__setitem__(name, events.now), role=role)
+
+    start("decode", 1.0, "decode")
+    events.at(0.5, start, "p1", 2.0, "prefill")
+    events.at(0.5, start, "p2", 2.0, "prefill")
     events.run()
-    assert ends == [pytest.approx(1.25)]
-    assert shared.num_stepping == 0
-    start = events.now
-    shared.run(1.0)  # two tasks at once are two shares: each at half speed
-    shared.run(1.0)
-    assert shared.num_stepping == 2
-    shared.start(object(), 0.5, lambda: ends.append(events.now - start))
-    events.run()  # the step, a third share, ends first: 0.5 s of work at a third of a core
-    assert shared.num_stepping == 0 and ends[1] == pytest.approx(1.5)
-    own = SharedCores(events, 0)  # a device each: no host work to share
-    own.run(1.0)
-    assert own.num_stepping == 0 and not events._heap  # nothing queued
+    assert ends == {
+        "decode": pytest.approx(1.25),
+        "p1": pytest.approx(2.5),
+        "p2": pytest.approx(2.5),
+    }
+    assert shared.rate_of("decode") == shared.rate() == 1.0  # nothing runs any more
