@@ -86,8 +86,12 @@ class PrefillRequest(msgspec.Struct, frozen=True, tag="prefill"):
 
 
 class AbortPrefill(msgspec.Struct, frozen=True, tag="abort"):
+    """End the attempt `request_id@attempt` of the decode node whose agent (rank 0's, as in
+    its `PrefillRequest`) is `agent`: another decode node may have the same attempt."""
+
     request_id: str
     attempt: int
+    agent: str
 
 
 class PrefillDone(msgspec.Struct, frozen=True, tag="done"):

@@ -1,13 +1,15 @@
 """The prefill worker: prompt-only continuous batches whose finished blocks are pushed,
 chunk by chunk, into the blocks the decode node reserved.
 
-Per request (a "job", keyed `request_id@attempt`): after every step the blocks completed so
-far are written with one NIXL WRITE (one descriptor per run of adjacent blocks), under a
-hold so the source blocks cannot be reused while the write is in flight. When the last
-chunk is done the first token is sampled; once every write has completed, a `PrefillDone`
-notification carries it to the decode node. An abort, a failed write or a passed deadline
-end the job; the decode node hears of it (`AbortAck`, `PrefillFailed`) only when no write of
-the job is in flight any more, so it may then reuse its blocks.
+Per request (a "job", keyed `request_id@attempt for <decode agent>`: the router retries a
+failed request on another decode node under the same id, and that node numbers its attempts
+from 1 again, so the attempt alone would collide with the dead node's): after every step the
+blocks completed so far are written with one NIXL WRITE (one descriptor per run of adjacent
+blocks), under a hold so the source blocks cannot be reused while the write is in flight.
+When the last chunk is done the first token is sampled; once every write has completed, a
+`PrefillDone` notification carries it to the decode node. An abort, a failed write or a
+passed deadline end the job; the decode node hears of it (`AbortAck`, `PrefillFailed`) only
+when no write of the job is in flight any more, so it may then reuse its blocks.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from tandem.engine.kv_transfer import (
 from tandem.engine.node_core import NodeCore
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import SchedulerOutput, remote_hold_key
+from tandem.engine.scheduler import SchedulerOutput, prefill_job_key
 from tandem.engine.step_event import StepEvent
 from tandem.engine.tracing import Tracing
 
@@ -83,7 +85,7 @@ class PrefillWorker:
             self._submit(peer, msg)
 
     def _submit(self, peer: bytes, msg: PrefillRequest) -> None:
-        key = remote_hold_key(msg.request_id, msg.attempt)
+        key = prefill_job_key(msg.agent.name, msg.request_id, msg.attempt)
         try:
             request = self._make_request(key, msg)
         except ValueError as exc:
@@ -105,10 +107,15 @@ class PrefillWorker:
         )  # fmt: skip
 
     def abort(self, peer: bytes, msg: AbortPrefill) -> None:
-        job = self.jobs.get(remote_hold_key(msg.request_id, msg.attempt))
+        """End the aborting decode node's job (not another node's with the same attempt);
+        an unknown one is confirmed at once (it ended, or this worker restarted)."""
+        job = self.jobs.get(prefill_job_key(msg.agent, msg.request_id, msg.attempt))
         if job is None:
             self.reply(peer, AbortAck(msg.request_id, msg.attempt))
             return
+        # Answer where the abort came from: a decode node that reconnected has a new ZMQ
+        # identity, and the one its request came from is gone.
+        job.peer = peer
         self._end(job, "abort")
 
     def _make_request(self, key: str, msg: PrefillRequest) -> Request:

@@ -6,7 +6,9 @@ the job has landed. Writes of one node share its link, one after another.
 Jobs end early as in `PrefillWorker`: an abort from the decode node, or a passed deadline
 (checked before each step and before each write). The decode node hears of it (`AbortAck`,
 `PrefillFailed`) only once no write of the job is in flight; an abort of a job this worker
-does not know (a restarted worker) is confirmed at once.
+does not know (a restarted worker) is confirmed at once. Jobs are keyed by the decode node's
+agent too (`prefill_job_key`), so a request the router retried on another decode node is
+not taken for the dead node's attempt.
 
 A decode node that dies fails the writes into it, as NIXL does: a write that had not landed
 when it died ends in error (`write`), and from one hop after its death (when this worker's
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import SchedulerOutput, remote_hold_key
+from tandem.engine.scheduler import SchedulerOutput, prefill_job_key
 from tandem.sim.decode import RemotePrefill, SimDecode
 from tandem.sim.node import SAMPLED_TOKEN, SimNode
 from tandem.sim.transfer_model import TransferModel, num_runs
@@ -55,7 +57,7 @@ class SimPrefill(SimNode):
         self.transfer_failures: Counter[str] = Counter()  # "post", "write", "notify"
 
     def submit(self, msg: RemotePrefill) -> None:
-        key = remote_hold_key(msg.request_id, msg.attempt)
+        key = prefill_job_key(msg.decode.agent, msg.request_id, msg.attempt)
         now = self.cluster.events.now
         if key in self.jobs or now - msg.sent_s > msg.deadline_s:
             self._reply(msg, "invalid")
@@ -69,7 +71,7 @@ class SimPrefill(SimNode):
         self.add(request)
 
     def abort(self, decode: SimDecode, request_id: str, attempt: int) -> None:
-        job = self.jobs.get(remote_hold_key(request_id, attempt))
+        job = self.jobs.get(prefill_job_key(decode.agent, request_id, attempt))
         if job is None:
             self.cluster.send(decode.deliver, decode.on_reply, request_id, attempt, None)
             return
