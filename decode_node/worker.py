@@ -352,7 +352,9 @@ class DecodeWorker:
                 logger.warning("hold %s: cannot reach %s to abort yet", hold.key, hold.worker)
 
     def _send_abort(self, hold: RemoteHold) -> bool:
-        return self.client.send(hold.worker, AbortPrefill(hold.request_id, hold.attempt))
+        return self.client.send(
+            hold.worker, AbortPrefill(hold.request_id, hold.attempt, self._agent_info.name)
+        )
 
     def _release_hold(self, key: str) -> None:
         self.hold_log_ids.pop(key, None)

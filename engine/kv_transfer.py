@@ -28,6 +28,13 @@ from tandem.engine.request import TokenLogprobs
 
 logger = logging.getLogger(__name__)
 
+# A prefill worker with a step due whose finished job still has a write in flight keeps
+# polling that write before the step, for at most this share of its last step: the job's
+# `PrefillDone` then goes out when the write lands instead of a whole step later (nothing
+# polls during a step), and a slow or stuck write delays the queue by a quarter of a step
+# at most. `PrefillWorker` does it, and the simulator's prefill workers model it.
+LAST_WRITE_WAIT_SHARE = 0.25
+
 # Remote agents a prefill rank keeps loaded; the least recently used is dropped beyond this
 # (agents, not nodes: a decode node of N ranks counts N on the rank writing to all of them).
 MAX_REMOTE_AGENTS = 1024
@@ -86,8 +93,12 @@ class PrefillRequest(msgspec.Struct, frozen=True, tag="prefill"):
 
 
 class AbortPrefill(msgspec.Struct, frozen=True, tag="abort"):
+    """End the attempt `request_id@attempt` of the decode node whose agent (rank 0's, as in
+    its `PrefillRequest`) is `agent`: another decode node may have the same attempt."""
+
     request_id: str
     attempt: int
+    agent: str
 
 
 class PrefillDone(msgspec.Struct, frozen=True, tag="done"):

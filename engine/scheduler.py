@@ -85,6 +85,14 @@ def remote_hold_key(request_id: str, attempt: int) -> str:
     return f"{request_id}@{attempt}"
 
 
+def prefill_job_key(agent: str, request_id: str, attempt: int) -> str:
+    """A prefill worker's name for a decode node's attempt (`agent`: that node's agent name).
+    `remote_hold_key` alone does not tell decode nodes apart: the router retries a failed
+    request on another decode node under the same request id, which numbers its attempts
+    from 1 again."""
+    return f"{remote_hold_key(request_id, attempt)} for {agent}"
+
+
 class Scheduler:
     """Owns the waiting queue, the running list and the requests waiting for remote KV;
     mutates requests' status and counters."""

@@ -1,13 +1,19 @@
 """The prefill worker: prompt-only continuous batches whose finished blocks are pushed,
 chunk by chunk, into the blocks the decode node reserved.
 
-Per request (a "job", keyed `request_id@attempt`): after every step the blocks completed so
-far are written with one NIXL WRITE (one descriptor per run of adjacent blocks), under a
-hold so the source blocks cannot be reused while the write is in flight. When the last
-chunk is done the first token is sampled; once every write has completed, a `PrefillDone`
-notification carries it to the decode node. An abort, a failed write or a passed deadline
-end the job; the decode node hears of it (`AbortAck`, `PrefillFailed`) only when no write of
-the job is in flight any more, so it may then reuse its blocks.
+Per request (a "job", keyed `request_id@attempt for <decode agent>`: the router retries a
+failed request on another decode node under the same id, and that node numbers its attempts
+from 1 again, so the attempt alone would collide with the dead node's): after every step the
+blocks completed so far are written with one NIXL WRITE (one descriptor per run of adjacent
+blocks), under a hold so the source blocks cannot be reused while the write is in flight.
+When the last chunk is done the first token is sampled; once every write has completed, a
+`PrefillDone` notification carries it to the decode node. An abort, a failed write or a
+passed deadline end the job; the decode node hears of it (`AbortAck`, `PrefillFailed`) only
+when no write of the job is in flight any more, so it may then reuse its blocks.
+
+Nothing polls the writes while a step runs, so before a step a worker first polls a
+finished job's last writes for a bounded time (`LAST_WRITE_WAIT_SHARE` of a step): its
+`PrefillDone` goes out when they land, not after that step.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 
 from tandem.engine import request_log, tracing
 from tandem.engine.kv_transfer import (
+    LAST_WRITE_WAIT_SHARE,
     AbortAck,
     AbortPrefill,
     PrefillDone,
@@ -36,11 +43,13 @@ from tandem.engine.kv_transfer import (
 from tandem.engine.node_core import NodeCore
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import SchedulerOutput, remote_hold_key
+from tandem.engine.scheduler import SchedulerOutput, prefill_job_key
 from tandem.engine.step_event import StepEvent
 from tandem.engine.tracing import Tracing
 
 logger = logging.getLogger(__name__)
+
+_LAST_WRITE_POLL_S = 1e-4  # between polls while waiting: lets the HTTP thread run
 
 Reply = Callable[[bytes, msgspec.Struct], None]
 
@@ -75,6 +84,7 @@ class PrefillWorker:
         self.traces = traces or Tracing.off()
         self.jobs: dict[str, Job] = {}
         self._xfers = 0
+        self.last_step_s = 0.0  # wall time of the last step that ran a batch
 
     # -- messages -------------------------------------------------------------------------
 
@@ -83,7 +93,7 @@ class PrefillWorker:
             self._submit(peer, msg)
 
     def _submit(self, peer: bytes, msg: PrefillRequest) -> None:
-        key = remote_hold_key(msg.request_id, msg.attempt)
+        key = prefill_job_key(msg.agent.name, msg.request_id, msg.attempt)
         try:
             request = self._make_request(key, msg)
         except ValueError as exc:
@@ -105,10 +115,15 @@ class PrefillWorker:
         )  # fmt: skip
 
     def abort(self, peer: bytes, msg: AbortPrefill) -> None:
-        job = self.jobs.get(remote_hold_key(msg.request_id, msg.attempt))
+        """End the aborting decode node's job (not another node's with the same attempt);
+        an unknown one is confirmed at once (it ended, or this worker restarted)."""
+        job = self.jobs.get(prefill_job_key(msg.agent, msg.request_id, msg.attempt))
         if job is None:
             self.reply(peer, AbortAck(msg.request_id, msg.attempt))
             return
+        # Answer where the abort came from: a decode node that reconnected has a new ZMQ
+        # identity, and the one its request came from is gone.
+        job.peer = peer
         self._end(job, "abort")
 
     def _make_request(self, key: str, msg: PrefillRequest) -> Request:
@@ -154,8 +169,13 @@ class PrefillWorker:
     # -- the loop -------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Expire late jobs, run one batch, post the writes it made possible."""
+        """Expire late jobs, run one batch, post the writes it made possible. When a batch
+        is due, finished jobs' last writes get a bounded time to land first
+        (`_finish_writes`)."""
         self._expire()
+        if self.busy:
+            self._finish_writes()
+        start = time.monotonic()
         scheduler = self.core.scheduler
         out = scheduler.schedule()
         if out.is_empty:
@@ -177,6 +197,7 @@ class PrefillWorker:
                 job.done = self._done_message(job)
         for key, reason in failed.items():
             self._end(self.jobs[key], reason)
+        self.last_step_s = time.monotonic() - start
 
     def _post_writes(self, out: SchedulerOutput, kv_written: StepEvent) -> dict[str, str]:
         """Post the writes this step made possible, once its kernels wrote the KV;
@@ -195,6 +216,24 @@ class PrefillWorker:
         for job in list(self.jobs.values()):
             with request_log.request_context(job.msg.log_id):
                 self._poll_job(job)
+
+    def _finish_writes(self) -> None:
+        """Before a step: while a job that has its first token still has writes in flight,
+        poll (which drives NIXL's progress) until they land or `LAST_WRITE_WAIT_SHARE` of
+        the last step has passed. Nothing polls during a step, so its `PrefillDone` would
+        otherwise wait for the whole step."""
+        if not self._finishing():
+            return
+        deadline = time.monotonic() + LAST_WRITE_WAIT_SHARE * self.last_step_s
+        while True:  # at least once: a write that was in flight may be done by now
+            self.poll()
+            if not self._finishing() or time.monotonic() >= deadline:
+                return
+            time.sleep(_LAST_WRITE_POLL_S)
+
+    def _finishing(self) -> bool:
+        """Whether a job has its first token and waits only for its writes."""
+        return any(job.done is not None and job.transfers for job in self.jobs.values())
 
     def _poll_job(self, job: Job) -> None:
         for transfer, hold in list(job.transfers):

@@ -9,7 +9,8 @@ add up to its time to first token at the router:
     remote_prefill  the prefill node: request received -> first token sampled
     kv_transfer     what the transfer adds after that: the decode node's wait for the
                     notification (sent -> notified) minus `remote_prefill`, so the last
-                    write, the notification and the ZMQ hop
+                    write, the notification and the ZMQ hop, and also the request's wait
+                    in a busy prefill node's socket until its step ends
     other           the rest of the time to first token: routing, the HTTP hops, retries
 
 and after it `first_decode` (first -> second token at the router) and `decode` (first ->

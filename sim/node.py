@@ -5,7 +5,8 @@ samples a fixed token for every request whose computed tokens reach its end.
 The loop mirrors a node's engine thread (`decode_node/server.py`, `prefill_node/server.py`):
 schedule, run the step, update from its output, publish KV events and load. Messages
 (`deliver`) are handled between steps, as the loop reads its sockets between steps: one that
-arrives during a step waits for its end. Subclasses add what the role does around the step.
+arrives during a step waits for its end (or for the end of a wait before a step, which a
+role may add: `wait_before_step`). Subclasses add what the role does around the step.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class SimNode:
         self.seq = 0  # of the last KV event batch published
         self._last_load: Load | None = None
         self.busy_s = 0.0
+        self.last_step_s = 0.0  # the duration of the last step
         self.kv_usage_s = 0.0  # KV usage at each step's start, times the step's duration
         self.num_steps = 0
         self.num_tokens = 0  # computed by its steps
@@ -85,6 +87,11 @@ class SimNode:
         if self.stepping or self.dead:
             return
         self.before_schedule()
+        if self.wait_before_step():
+            return
+        self._run_step()
+
+    def _run_step(self) -> None:
         out = self.scheduler.schedule()
         self.before_run(out)
         if out.is_empty:
@@ -102,7 +109,7 @@ class SimNode:
     def _end_step(self, out: SchedulerOutput, started_s: float, kv_usage: float) -> None:
         if self.dead:
             return  # the cluster stopped counting its step when it died
-        duration = self.cluster.events.now - started_s
+        duration = self.last_step_s = self.cluster.events.now - started_s
         self.busy_s += duration
         self.kv_usage_s += duration * kv_usage
         sampled = [
@@ -113,12 +120,25 @@ class SimNode:
         result = ModelRunnerOutput(sampled, [None] * len(sampled))
         finished = self.scheduler.update_from_output(out, result)
         self.after_update(out, sampled, finished)
+        self._read_inbox()
+        self.publish()
+        self._step()
+
+    def resume(self) -> None:
+        """The wait `wait_before_step` began is over: run the step it held back; what
+        arrived meanwhile is read after it, as the loop reads its sockets after the step."""
+        if self.dead:
+            return
+        self.stepping = False
+        self._run_step()
+        if not self.stepping:  # nothing to run
+            self._read_inbox()
+
+    def _read_inbox(self) -> None:
         self.stepping = False
         inbox, self._inbox = self._inbox, []
         for handler, args in inbox:
             handler(*args)
-        self.publish()
-        self._step()
 
     def publish(self) -> None:
         """KV events and load to the router, when anything changed (one network hop)."""
@@ -142,6 +162,11 @@ class SimNode:
 
     def before_schedule(self) -> None:
         """At the start of a step, before the scheduler plans it."""
+
+    def wait_before_step(self) -> bool:
+        """Whether the loop waits before it schedules the step (messages then wait too, as
+        during a step); a role that says so calls `resume` when the wait is over."""
+        return False
 
     def before_run(self, out: SchedulerOutput) -> None:
         """After scheduling, before the step runs."""

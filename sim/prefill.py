@@ -1,12 +1,17 @@
 """A simulated prefill worker: prompt-only batches in the real scheduler, and after every
 step a write of the blocks completed so far under a hold on the source blocks, as
 `PrefillWorker` does; the notification with the first token goes out once every write of
-the job has landed. Writes of one node share its link, one after another.
+the job has landed. Writes of one node share its link, one after another. The loop sees a
+write end between its steps; before a step, while a job that has its first token still has
+a write in flight, it waits for that write for at most `LAST_WRITE_WAIT_SHARE` of its last
+step and notifies as soon as it lands (`wait_before_step`), as `PrefillWorker.step` does.
 
 Jobs end early as in `PrefillWorker`: an abort from the decode node, or a passed deadline
 (checked before each step and before each write). The decode node hears of it (`AbortAck`,
 `PrefillFailed`) only once no write of the job is in flight; an abort of a job this worker
-does not know (a restarted worker) is confirmed at once.
+does not know (a restarted worker) is confirmed at once. Jobs are keyed by the decode node's
+agent too (`prefill_job_key`), so a request the router retried on another decode node is
+not taken for the dead node's attempt.
 
 A decode node that dies fails the writes into it, as NIXL does: a write that had not landed
 when it died ends in error (`write`), and from one hop after its death (when this worker's
@@ -22,9 +27,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from tandem.engine.kv_transfer import LAST_WRITE_WAIT_SHARE
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import SchedulerOutput, remote_hold_key
+from tandem.engine.scheduler import SchedulerOutput, prefill_job_key
 from tandem.sim.decode import RemotePrefill, SimDecode
 from tandem.sim.node import SAMPLED_TOKEN, SimNode
 from tandem.sim.transfer_model import TransferModel, num_runs
@@ -52,10 +58,12 @@ class SimPrefill(SimNode):
         self.num_blocks_sent = 0
         self._num_writes = 0
         self._failed: dict[str, str] = {}  # this step's jobs that could not write
+        self._waits = 0  # waits for last writes begun; the current one's number
+        self._waiting = False
         self.transfer_failures: Counter[str] = Counter()  # "post", "write", "notify"
 
     def submit(self, msg: RemotePrefill) -> None:
-        key = remote_hold_key(msg.request_id, msg.attempt)
+        key = prefill_job_key(msg.decode.agent, msg.request_id, msg.attempt)
         now = self.cluster.events.now
         if key in self.jobs or now - msg.sent_s > msg.deadline_s:
             self._reply(msg, "invalid")
@@ -69,7 +77,7 @@ class SimPrefill(SimNode):
         self.add(request)
 
     def abort(self, decode: SimDecode, request_id: str, attempt: int) -> None:
-        job = self.jobs.get(remote_hold_key(request_id, attempt))
+        job = self.jobs.get(prefill_job_key(decode.agent, request_id, attempt))
         if job is None:
             self.cluster.send(decode.deliver, decode.on_reply, request_id, attempt, None)
             return
@@ -126,8 +134,37 @@ class SimPrefill(SimNode):
 
     def _landed(self, job: Job, hold: str) -> None:
         """The write ended: in error if its decode node was dead by then. The loop sees it
-        between its steps, as `PrefillWorker.poll` runs after each step."""
-        self.deliver(self._write_done, job, hold, job.msg.decode.dead)
+        between its steps, as `PrefillWorker.poll` runs after each step, and at once while
+        it waits for finished jobs' last writes."""
+        if not self._waiting:
+            self.deliver(self._write_done, job, hold, job.msg.decode.dead)
+            return
+        self._write_done(job, hold, job.msg.decode.dead)
+        if not self._finishing():
+            self._end_wait(self._waits)
+
+    def wait_before_step(self) -> bool:
+        """As `PrefillWorker.step`: with a batch due and a finished job's write in flight,
+        wait until the writes of finished jobs land or `LAST_WRITE_WAIT_SHARE` of the last
+        step has passed."""
+        if not (self.scheduler.has_unfinished_requests() and self._finishing()):
+            return False
+        bound = LAST_WRITE_WAIT_SHARE * self.last_step_s
+        if bound <= 0.0:
+            return False
+        self._waits += 1
+        self._waiting = self.stepping = True  # messages wait for the loop, as in a step
+        self.cluster.events.after(bound, self._end_wait, self._waits)
+        return True
+
+    def _end_wait(self, wait: int) -> None:
+        if self._waiting and wait == self._waits:
+            self._waiting = False
+            self.resume()
+
+    def _finishing(self) -> bool:
+        """Whether a job has its first token and waits only for its writes."""
+        return any(job.num_writes and job.token_id is not None for job in self.jobs.values())
 
     def after_update(
         self, out: SchedulerOutput, sampled: list[int | None], finished: list[Request]

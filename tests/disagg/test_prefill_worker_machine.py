@@ -217,7 +217,7 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
     def abort(self, data: st.DataObject) -> None:
         """Also for jobs already answered: the worker must then ack at once."""
         request_id = data.draw(st.sampled_from(sorted(self.prompts)))
-        self.worker.abort(PEER, AbortPrefill(request_id, 1))
+        self.worker.abort(PEER, AbortPrefill(request_id, 1, "decode"))
 
     @invariant()
     def no_write_reads_a_free_block(self) -> None:

@@ -1,13 +1,18 @@
 """The prefill worker's write path in isolation: NIXL reads the KV only after the step's
-kernels wrote it, and a first-token notification that cannot be sent still answers the
-decode node (it would otherwise wait out its whole prefill deadline)."""
+kernels wrote it, a first-token notification that cannot be sent still answers the decode
+node (it would otherwise wait out its whole prefill deadline), and a busy worker notifies a
+finished job when its last write lands rather than after its next step, without waiting
+for a write that does not land."""
 
 from __future__ import annotations
 
+import threading
+
 from prometheus_client import generate_latest
 
-from tandem.engine.kv_transfer import PrefillFailed
+from tandem.engine.kv_transfer import PrefillFailed, Transfer
 from tandem.engine.scheduler import ModelRunnerOutput, SchedulerOutput
+from tests.bounds import HANG_S
 from tests.disagg.nodes import metric_value
 from tests.disagg.test_prefill_worker_machine import HeldWrites, PrefillWorkerMachine, PromptRunner
 
@@ -45,6 +50,26 @@ class LoggedWrites(HeldWrites):
     def write_blocks(self, name, src, dst):
         self.log.append(f"write {src}")
         return super().write_blocks(name, src, dst)
+
+
+class LandingWrites(LoggedWrites):
+    """A write lands when the worker polls it for the second time (`lands_at`), or never
+    (None); notifications go into the log."""
+
+    def __init__(self, log: list[str], lands_at: int | None) -> None:
+        super().__init__(log)
+        self.lands_at = lands_at
+        self.polls: dict[int, int] = {}
+
+    def poll(self, transfer: Transfer) -> str:
+        count = self.polls[id(transfer)] = self.polls.get(id(transfer), 0) + 1
+        if transfer.state == "PROC" and count == self.lands_at:
+            transfer.state = "DONE"
+        return transfer.state
+
+    def notify(self, name: str, payload: bytes) -> None:
+        super().notify(name, payload)
+        self.log.append(f"notify {self.notified[-1].request_id}")
 
 
 class UnreachableDecode(HeldWrites):
@@ -88,3 +113,51 @@ def test_a_failed_first_token_notification_fails_the_job_and_is_counted():
     assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
     text = generate_latest(machine.worker.core.metrics.registry).decode()
     assert metric_value(text, "tandem_kv_transfer_failures_total", reason="notify") == 1
+
+
+def two_prompts_one_step_each(
+    agent: LandingWrites, log: list[str]
+) -> tuple[PrefillWorkerMachine, str, str]:
+    """A worker on `agent` given two prompts of 8 tokens (the step's budget): the first runs
+    in step 1, the second waits for step 2."""
+    machine = machine_with(agent, EventRunner(log))
+    first = machine.submit_prompt(prefix=0, tail=0, skip=0)
+    second = machine.submit_prompt(prefix=1, tail=0, skip=0)
+    return machine, first, second
+
+
+def bounded(call) -> None:
+    """`call()`, failing instead of hanging (it must return on its own)."""
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    assert not thread.is_alive(), "the worker waited without bound"
+
+
+def test_a_busy_worker_notifies_a_finished_job_before_its_next_step():
+    log: list[str] = []
+    agent = LandingWrites(log, lands_at=2)  # still in flight when the step's poll first looks
+    machine, first, second = two_prompts_one_step_each(agent, log)
+    for _ in range(2):  # the node's loop: a step, then a poll of the writes
+        bounded(machine.worker.step)
+        machine.worker.poll()
+    assert log.index(f"notify {first}") < log.index("step 2"), log
+    machine.worker.poll()  # idle now: the loop polls again within a millisecond
+    assert f"notify {second}" in log and not machine.worker.jobs
+    assert machine.worker.core.kv.check_integrity().in_use == 0
+
+
+def test_a_busy_worker_does_not_wait_for_a_write_that_does_not_land():
+    log: list[str] = []
+    agent = LandingWrites(log, lands_at=None)
+    machine, first, second = two_prompts_one_step_each(agent, log)
+    machine.worker.step()
+    machine.worker.poll()
+    bounded(machine.worker.step)  # gives up on the write after a while, and runs the batch
+    assert "step 2" in log and not agent.notified
+    assert agent.writes[0][0].state == "PROC"
+    for transfer, _ in agent.writes:
+        transfer.state = "DONE"
+    machine.worker.poll()
+    assert [d.request_id for d in agent.notified] == [first, second]
+    assert not machine.worker.jobs and machine.worker.core.kv.check_integrity().in_use == 0

@@ -3,13 +3,17 @@ the real scheduler's and router's decisions show in the outcome."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from tandem.engine.kv_transfer import LAST_WRITE_WAIT_SHARE
 from tandem.sim.cluster import Cluster, ClusterConfig
 from tandem.sim.profiles import load_profile
 from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import SHAPES
 from tandem.sim.step_model import StepShape, StepTimeModel
+from tandem.sim.transfer_model import TransferModel
 from tandem.sim.workload import SimRequest, synthetic
 
 SHAPE = SHAPES["llama-3-8b"]
@@ -159,22 +163,53 @@ def test_the_router_forwards_a_burst_one_request_after_the_other():
     assert all(r.outcome == "finished" for r in records)
 
 
-def test_a_busy_prefill_worker_notifies_after_its_next_step():
-    # Two prompts of one step each arrive together at the only prefill worker: the first
-    # one's write lands during the second one's step, and the worker's loop sees it only
-    # after that step (as PrefillWorker.poll runs after each step), so its first token
-    # comes after both steps.
+def step_starts(cluster: Cluster) -> list[float]:
+    """The simulated times the prefill worker's steps start, as the run goes."""
+    node, starts = cluster.prefills[0], []
+    run_step = node._run_step
+
+    def timed() -> None:
+        num_steps = node.num_steps
+        run_step()
+        if node.num_steps > num_steps:  # not an idle turn
+            starts.append(cluster.events.now)
+
+    node._run_step = timed
+    return starts
+
+
+@pytest.mark.parametrize("kv_link_bandwidth", [50e9, 2e9])
+def test_a_busy_prefill_worker_waits_a_bounded_time_for_a_finished_job_s_last_write(
+    kv_link_bandwidth: float,
+):
+    # Two prompts of one step each arrive together at the only prefill worker. After the
+    # first one's step its write is in flight and the second one's step is due: the worker
+    # waits for the write (as PrefillWorker.step does) and notifies at once, but for at
+    # most LAST_WRITE_WAIT_SHARE of a step. Fast link: the second step starts when the
+    # write lands, and the first token comes before that step ends (it used to come after
+    # it). Slow link: the second step starts once the wait's bound has passed.
     config = ClusterConfig(
         num_prefill=1, num_decode=1, num_kv_blocks=64, max_num_batched_tokens=256,
         max_model_len=1024,
     )  # fmt: skip
+    profile = dataclasses.replace(H100, kv_link_bandwidth=kv_link_bandwidth)
     reqs = [SimRequest.of_tokens(f"r{i}", 0.0, [3 + i] * 256, 2) for i in range(2)]
-    cluster, records = run(config, reqs)
-    step = StepTimeModel(SHAPE, H100, role="prefill").step_time(StepShape.of([256], [256], 1))
+    cluster = Cluster(config, SHAPE, profile)
+    starts = step_starts(cluster)
+    records = cluster.run(reqs)
+    cluster.check_integrity()
+    step = StepTimeModel(SHAPE, profile, role="prefill").step_time(StepShape.of([256], [256], 1))
+    write = TransferModel(SHAPE, profile, config.block_size).write_time(16, 1)
+    bound = LAST_WRITE_WAIT_SHARE * step
     first = min(records, key=lambda r: r.first_token_s)
     assert [r.remote for r in records] == [True, True]
-    assert first.first_token_s - first.arrival_s > 2 * step
-    assert cluster.prefills[0].num_steps == 2
+    assert len(starts) == 2 and cluster.prefills[0].num_steps == 2
+    if write < bound:
+        assert starts[1] - starts[0] == pytest.approx(step + write)
+        assert first.first_token_s < starts[1] + step
+    else:
+        assert starts[1] - starts[0] == pytest.approx(step + bound)
+        assert first.first_token_s > starts[0] + step + write  # waited for its write only
 
 
 def test_a_client_that_goes_away_before_the_router_forwards_its_request():

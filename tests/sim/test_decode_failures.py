@@ -78,6 +78,37 @@ def test_prefill_jobs_writing_into_a_dead_decode_node_end_and_free_their_blocks(
     assert not any(key in prefill.jobs for key in jobs_at_death)
 
 
+def test_a_retry_whose_attempt_the_dead_node_also_sent_is_still_prefilled_remotely():
+    """The router retries under the same request id and the survivor numbers its attempts
+    from 1, as the dead node did; the prefill worker still holding the dead node's job tells
+    them apart by the decode agent (it used to refuse the retry, and the survivor fell back
+    to a local prefill)."""
+    cluster = Cluster(ClusterConfig(num_prefill=1, num_decode=2), SHAPE, H100, faults=kill_decode())
+    prefill, dead = cluster.prefills[0], cluster.decodes[0]
+    collided: list[str] = []
+    submit = prefill.submit
+
+    def watch(msg):
+        if msg.decode is not dead and any(
+            job.msg.decode is dead
+            and (job.msg.request_id, job.msg.attempt) == (msg.request_id, msg.attempt)
+            for job in prefill.jobs.values()
+        ):
+            collided.append(msg.request_id)
+        submit(msg)
+
+    prefill.submit = watch
+    records = cluster.run(REQUESTS)
+    assert_clean(cluster, records)
+    assert collided  # the dead node's attempt was still on the worker when the retry came
+    retried = {r.request_id: r for r in hit(records) if r.outcome == "finished"}
+    assert set(collided) <= retried.keys()
+    for request_id in collided:
+        record = retried[request_id]
+        assert record.decode == SURVIVOR and record.remote and not record.fallbacks
+    assert not failures(cluster, records)["fallbacks"]
+
+
 def test_a_restarted_decode_worker_rejoins_and_gets_traffic():
     restart_after_s = 1.0
     cluster, records = run(ClusterConfig(num_prefill=1, num_decode=2), kill_decode(restart_after_s))
