@@ -317,31 +317,31 @@ def node_counters(base: str) -> dict[str, float]:
 def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) -> dict:
     """The router's and the client's CPU each, per request and per token relayed: the same
     prompts (320 tokens) served with 1 output token and with `long`, a few at a time, their
-    CPU (`cpu_seconds`) over each set; per token is the difference over the
-    extra tokens, per request what the 1-token set cost less its token. Of that, the part
-    before the router forwards a request is what one it refuses after parsing costs
-    (`max_tokens` beyond the context: the parse and the prompt's checks, without routing
-    and the forwarding call); the rest (`finish_s`) is charged when the request ends."""
+    CPU (`cpu_seconds`) over each set; per token is the difference over the extra tokens,
+    per request what the 1-token set cost beyond a set of one request (a set's own cost,
+    the HTTP client's start and the model lookup, would be charged to every request) less
+    its token. Of that, the part before the router forwards a request is what one it
+    refuses after parsing costs, counted the same way (`max_tokens` beyond the context: the
+    parse and the prompt's checks, without routing and the forwarding call); the rest
+    (`finish_s`) is charged when the request ends."""
 
-    def cpu_of(num_output: int) -> dict[str, float]:
+    def cpu_of(num_output: int, n: int = num_requests) -> dict[str, float]:
         requests = [
             SimRequest.of_tokens(f"probe{num_output}-{i}", 0.05 * i, [11 + i % 7] * 320, num_output)
-            for i in range(num_requests)
+            for i in range(n)
         ]
         before = cpu_seconds(root)
-        if num_output:
-            asyncio.run(replay(base, requests))
-        else:
-            asyncio.run(refused(base, requests))
+        asyncio.run(replay(base, requests) if num_output else refused(base, requests))
         after = cpu_seconds(root)
         return {k: after[k] - before.get(k, 0.0) for k in ("router", "client")}
 
     short, longer, parsed = cpu_of(1), cpu_of(long), cpu_of(0)
-    out = {}
+    one_short, one_parsed = cpu_of(1, 1), cpu_of(0, 1)
+    out, extra = {}, num_requests - 1
     for k in ("router", "client"):
         token_s = max(0.0, longer[k] - short[k]) / (num_requests * (long - 1))
-        request_s = max(0.0, short[k] / num_requests - token_s)
-        before = min(request_s, parsed[k] / num_requests)
+        request_s = max(0.0, (short[k] - one_short[k]) / extra - token_s)
+        before = min(request_s, max(0.0, parsed[k] - one_parsed[k]) / extra)
         out[k] = {"request_s": before, "finish_s": request_s - before, "token_s": token_s}
     return out
 
