@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tandem.engine.scheduler import prefill_job_key
 from tests.bounds import HANG_S
 from tests.disagg.nodes import Node, running, wait_until
 from tests.router.conftest import RouterProc
@@ -71,11 +72,13 @@ def test_the_clients_request_id_is_echoed_and_in_every_processs_log_lines(trio):
     assert r.headers["x-request-id"] == "client-abc-123"
     internal = f"{r.json()['id']}-0"  # the choice's id downstream: unique, not the client's
     tagged = "[client-abc-123]"
+    agent = httpx.get(f"{trio['d'].url}/health", timeout=HANG_S).json()["agent"]
+    job = prefill_job_key(agent, "{id}", 1)  # the prefill worker's name for the attempt
     expected = {
         "router": ("request {id}: decode", "request {id}: length"),
         "d": ("request {id}: queued", "request {id}: remote prefill attempt 1",
               "request {id}: finished (length)"),
-        "p": ("prefill {id}@1: received", "prefill {id}@1: done"),
+        "p": (f"prefill {job}: received", f"prefill {job}: done"),
     }  # fmt: skip
     for name, messages in expected.items():
         proc = trio[name]
