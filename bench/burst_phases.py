@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import describe_host
-from sim_validate import _wait_ready, replay, router_phases
+from sim_validate import replay, router_phases, wait_ready
 
 from tandem.engine.ports import free_port
 from tandem.engine.tiny_model import make_model
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace, model: str) -> list[dict[str, float]]:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            _wait_ready(base, proc, log, args.prefill + args.decode)
+            wait_ready(base, proc, log, args.prefill + args.decode)
             phase_means(base, burst(args, rng, -1))  # untimed: first steps, connections
             return [phase_means(base, burst(args, rng, i)) for i in range(args.bursts)]
         except Exception:

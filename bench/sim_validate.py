@@ -171,7 +171,7 @@ def run_real(args, model: str, slices: list[list[SimRequest]]) -> list[dict[str,
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            _wait_ready(f"http://127.0.0.1:{args.port}", proc, log, args.prefill + args.decode)
+            wait_ready(f"http://127.0.0.1:{args.port}", proc, log, args.prefill + args.decode)
             return _replay_slices(f"http://127.0.0.1:{args.port}", proc.pid, slices)
         except Exception:
             log.seek(0)
@@ -317,7 +317,9 @@ def node_counters(base: str) -> dict[str, float]:
 def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) -> dict:
     """The router's and the client's CPU each, per request and per token relayed: the same
     prompts (320 tokens) served with 1 output token and with `long`, a few at a time, their
-    CPU (`cpu_seconds`) over each set; per token is the difference over the extra tokens,
+    CPU over each set (the router's threads' to the nanosecond, `thread_seconds`, where
+    clock ticks would round a set's difference by more than the figure; the client's, this
+    process, from `time.process_time`); per token is the difference over the extra tokens,
     per request what the 1-token set cost beyond a set of one request (a set's own cost,
     the HTTP client's start and the model lookup, would be charged to every request) less
     its token. Of that, the part before the router forwards a request is what one it
@@ -330,9 +332,9 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
             SimRequest.of_tokens(f"probe{num_output}-{i}", 0.05 * i, [11 + i % 7] * 320, num_output)
             for i in range(n)
         ]
-        before = cpu_seconds(root)
+        before = {**thread_seconds(root, 0), "client": time.process_time()}
         asyncio.run(replay(base, requests) if num_output else refused(base, requests))
-        after = cpu_seconds(root)
+        after = {**thread_seconds(root, 0), "client": time.process_time()}
         return {k: after[k] - before.get(k, 0.0) for k in ("router", "client")}
 
     short, longer, parsed = cpu_of(1), cpu_of(long), cpu_of(0)
@@ -413,7 +415,7 @@ def node_steps(base: str, since: dict[str, int]) -> dict[str, tuple[str, list[di
     return out
 
 
-def _wait_ready(base: str, proc: subprocess.Popen, log, num_workers: int) -> None:
+def wait_ready(base: str, proc: subprocess.Popen, log, num_workers: int) -> None:
     """Until the router sees every worker healthy."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -449,7 +451,11 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
     s = summarize(cluster, records, SLO())
     return {
         "requests": [  # in arrival order, as the real ones
-            [r.first_token_s - r.arrival_s, r.finish_s - r.arrival_s, r.num_output_tokens]
+            [
+                _since(r.first_token_s, r.arrival_s),
+                _since(r.finish_s, r.arrival_s),
+                r.num_output_tokens,
+            ]
             for r in records
         ],
         "ttft_p50": s["ttft_s"]["p50"],
@@ -465,6 +471,10 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
             if s["pools"][role]["nodes"]
         },
     }
+
+
+def _since(t: float | None, start: float) -> float | None:
+    return None if t is None else t - start
 
 
 def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[str, str]]:

@@ -62,7 +62,7 @@ class StepRecord:
     num_context_tokens: int
     num_attention_pairs: int
     num_sampled: int  # requests that sampled a token
-    start_s: float  # the host's monotonic clock when the step started
+    start_s: float  # the host's monotonic clock when the model runner started
     execute_s: float  # wall inside the model runner
     execute_cpu_s: float  # the engine thread's CPU inside the model runner
     cycle_s: float | None = None  # wall, this step's start to the next one's

@@ -67,6 +67,7 @@ class Job:
     ended: str | None = None  # "abort" or a failure reason
     first_write: float | None = None
     scheduled: bool = False
+    waited: bool = False  # a step already waited for its last writes: never again
     span: Any = None  # the job's span and its KV transfer's (None when tracing is off)
     transfer_span: Any = None
 
@@ -221,19 +222,25 @@ class PrefillWorker:
         """Before a step: while a job that has its first token still has writes in flight,
         poll (which drives NIXL's progress) until they land or `LAST_WRITE_WAIT_SHARE` of
         the last step has passed. Nothing polls during a step, so its `PrefillDone` would
-        otherwise wait for the whole step."""
-        if not self._finishing():
+        otherwise wait for the whole step. A job is waited for once: a write that does not
+        land within the bound does not hold every later step too."""
+        waiting = self._finishing()
+        if not waiting:
             return
         deadline = time.monotonic() + LAST_WRITE_WAIT_SHARE * self.last_step_s
         while True:  # at least once: a write that was in flight may be done by now
             self.poll()
             if not self._finishing() or time.monotonic() >= deadline:
-                return
+                break
             time.sleep(_LAST_WRITE_POLL_S)
+        for job in waiting:
+            job.waited = True
 
-    def _finishing(self) -> bool:
-        """Whether a job has its first token and waits only for its writes."""
-        return any(job.done is not None and job.transfers for job in self.jobs.values())
+    def _finishing(self) -> list[Job]:
+        """The jobs that have their first token, wait only for their writes, and have not
+        been waited for yet."""
+        jobs = self.jobs.values()
+        return [j for j in jobs if j.done is not None and j.transfers and not j.waited]
 
     def _poll_job(self, job: Job) -> None:
         for transfer, hold in list(job.transfers):

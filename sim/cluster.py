@@ -286,7 +286,12 @@ class Cluster:
         for live in list(self._live.values()):
             if live.node is node:
                 reset = WorkerFailed(f"{node.url}: connection reset")
-                self.send(self._worker_failed, live, live.attempt, reset)
+                self._to_router_loop(self._worker_failed, live, live.attempt, reset)
+
+    def _to_router_loop(self, callback: Callable[..., None], *args: Any) -> None:
+        """A decode node's word reaches the router one hop later, behind the tokens its
+        event loop has not relayed yet (what a stream said before it broke comes first)."""
+        self.send(self.router_process.submit, 0.0, callback, *args)
 
     def _worker_failed(self, live: _Live, attempt: int, exc: WorkerFailed) -> None:
         """`Dispatcher.records`' `except WorkerFailed`: the attempt's counts go (its
@@ -342,39 +347,42 @@ class Cluster:
         self.records[request_id].num_prefill_cached_tokens = num_cached_tokens
 
     def relay(self, requests: list[Request]) -> None:
-        """A decode node made a token for each of `requests`: the router relays them and
-        the clients read them, each process in its turn; each token reaches its client one
-        hop after its process is done with it."""
+        """A decode node made a token for each of `requests`: they reach the router one hop
+        later, behind what its event loop has queued (the router's view of the request
+        moves then), and the client after its own turn."""
         if not requests:
             return
         finished = [r.is_finished for r in requests]  # as they were when the node made them
         router_s = len(requests) * self.profile.host_router_token_s
-        self.router_process.submit(router_s, self._to_client, requests, finished)
+        self.router_process.submit(router_s, self._router_relays, requests, finished)
 
-    def _to_client(self, requests: list[Request], finished: list[bool]) -> None:
-        client_s = len(requests) * self.profile.host_client_token_s
-        self.client_process.submit(client_s, self._tokens_arrive, requests, finished)
-
-    def _tokens_arrive(self, requests: list[Request], finished: list[bool]) -> None:
+    def _router_relays(self, requests: list[Request], finished: list[bool]) -> None:
+        """The router takes the tokens of its current attempts: streamed counts, the prefill
+        part over at the first, the request over at the last; then the client reads them."""
+        taken = []
         for request, last in zip(requests, finished):
-            self.on_token(request, last)
+            live = self._live.get(request.request_id)
+            if live is None or live.request is not request:
+                continue  # the client has gone, or the router gave up on this attempt
+            live.tokens += 1
+            if live.prefill is not None:
+                live.prefill.inflight -= 1  # the prefill part is over
+                live.prefill = None
+            if last:
+                live.record.num_preemptions = request.num_preemptions
+                self._end(live, "finished", self.events.now)
+            taken.append((live.record, last))
+        client_s = len(taken) * self.profile.host_client_token_s
+        self.client_process.submit(client_s, self._tokens_arrive, taken)
 
-    def on_token(self, request: Request, finished: bool) -> None:
-        """A token reached the client; `finished`: it was the request's last."""
-        live = self._live.get(request.request_id)
-        if live is None or live.request is not request:
-            return  # the client has gone, or the router gave up on this attempt
-        record, now = live.record, self.events.now + self.profile.network_latency_s
-        live.tokens += 1
-        if record.first_token_s is None:
-            record.first_token_s = now
-        if live.prefill is not None:
-            live.prefill.inflight -= 1  # the prefill part is over
-            live.prefill = None
-        if finished:
-            record.finish_s = now
-            record.num_preemptions = request.num_preemptions
-            self._end(live, "finished", now)
+    def _tokens_arrive(self, taken: list[tuple[RequestRecord, bool]]) -> None:
+        """The client has read the tokens (one hop after the router sent them)."""
+        now = self.events.now + self.profile.network_latency_s
+        for record, last in taken:
+            if record.first_token_s is None:
+                record.first_token_s = now
+            if last:
+                record.finish_s = record.ended_s = now
 
     def on_end(self, node: SimDecode, request_id: str, outcome: str) -> None:
         """The decode node ended the request without finishing it: `error` is an error
@@ -385,7 +393,7 @@ class Cluster:
             return
         if outcome == "error":
             failed = WorkerFailed("remote prefill failed", worker_at_fault=False)
-            self.send(self._worker_failed, live, live.attempt, failed)
+            self._to_router_loop(self._worker_failed, live, live.attempt, failed)
         else:
             self._end(live, outcome, self.events.now + self.profile.network_latency_s)
 

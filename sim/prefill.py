@@ -45,6 +45,7 @@ class Job:
     num_writes: int = 0  # in flight
     token_id: int | None = None
     ended: str | None = None  # "abort" or a failure reason
+    waited: bool = False  # a step already waited for its last writes: never again
 
 
 class SimPrefill(SimNode):
@@ -60,6 +61,7 @@ class SimPrefill(SimNode):
         self._failed: dict[str, str] = {}  # this step's jobs that could not write
         self._waits = 0  # waits for last writes begun; the current one's number
         self._waiting = False
+        self._waited: list[Job] = []  # the jobs the current wait is for
         self.transfer_failures: Counter[str] = Counter()  # "post", "write", "notify"
 
     def submit(self, msg: RemotePrefill) -> None:
@@ -153,6 +155,7 @@ class SimPrefill(SimNode):
         if bound <= 0.0:
             return False
         self._waits += 1
+        self._waited = self._finishing()
         self._waiting = self.stepping = True  # messages wait for the loop, as in a step
         self.cluster.events.after(bound, self._end_wait, self._waits)
         return True
@@ -160,11 +163,15 @@ class SimPrefill(SimNode):
     def _end_wait(self, wait: int) -> None:
         if self._waiting and wait == self._waits:
             self._waiting = False
+            for job in self._waited:  # waited for once, as PrefillWorker does
+                job.waited = True
             self.resume()
 
-    def _finishing(self) -> bool:
-        """Whether a job has its first token and waits only for its writes."""
-        return any(job.num_writes and job.token_id is not None for job in self.jobs.values())
+    def _finishing(self) -> list[Job]:
+        """The jobs that have their first token, wait only for their writes, and have not
+        been waited for yet."""
+        jobs = self.jobs.values()
+        return [j for j in jobs if j.num_writes and j.token_id is not None and not j.waited]
 
     def after_update(
         self, out: SchedulerOutput, sampled: list[int | None], finished: list[Request]

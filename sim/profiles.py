@@ -84,6 +84,10 @@ class DeviceProfile:
         for name in ("compute_efficiency", "bandwidth_efficiency", "memory_utilization"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"profile {self.name!r}: {name} must be in (0, 1]")
+        host = [f.name for f in fields(self) if f.name.startswith("host_")]
+        for name in host:
+            if getattr(self, name) < 0:
+                raise ValueError(f"profile {self.name!r}: {name} must not be negative")
 
     def host_overhead(self, role: str) -> tuple[float, float]:
         """(per step, per sequence) seconds of a `role` node's work outside the model."""

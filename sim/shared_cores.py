@@ -12,7 +12,7 @@ one share while they work, as a node does while it steps.
 Steps on one host also slow each other down beyond their share of the cores: a prefill
 step's matrix products evict a decode step's weights and KV from the shared caches and take
 the memory bandwidth, so a decode step's own work grows by `interference` per prefill step
-running beside it (measured from the nodes' step logs, `sim.calibration.fit_interference`:
+running beside it (measured from the nodes' step logs, `sim.interference.fit_interference`:
 a decode step's runner CPU against the prefill steps overlapping it).
 """
 

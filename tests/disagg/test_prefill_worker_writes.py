@@ -161,3 +161,35 @@ def test_a_busy_worker_does_not_wait_for_a_write_that_does_not_land():
     machine.worker.poll()
     assert [d.request_id for d in agent.notified] == [first, second]
     assert not machine.worker.jobs and machine.worker.core.kv.check_integrity().in_use == 0
+
+
+class FirstWriteStuck(LandingWrites):
+    """The first write never lands; the others land at their second poll."""
+
+    def poll(self, transfer: Transfer) -> str:
+        if transfer is self.writes[0][0]:
+            self.polls[id(transfer)] = self.polls.get(id(transfer), 0) + 1
+            return transfer.state
+        return super().poll(transfer)
+
+
+def test_a_write_that_does_not_land_is_waited_for_once_not_before_every_step():
+    log: list[str] = []
+    agent = FirstWriteStuck(log, lands_at=2)
+    machine, first, second = two_prompts_one_step_each(agent, log)
+    machine.worker.step()
+    machine.worker.poll()
+    bounded(machine.worker.step)  # step 2: waits for the first job's write, in vain
+    machine.worker.poll()
+    machine.worker.poll()  # the second job's write lands at its second poll
+    assert f"notify {second}" in log and len(machine.worker.jobs) == 1  # the first
+    third = machine.submit_prompt(prefix=2, tail=0, skip=0)
+    stuck = agent.writes[0][0]
+    polls = agent.polls[id(stuck)]
+    bounded(machine.worker.step)  # step 3: nothing it has not waited for already
+    assert "step 3" in log and agent.polls[id(stuck)] == polls, log
+    stuck.state = "DONE"
+    for _ in range(3):
+        machine.worker.poll()
+    assert f"notify {first}" in log and f"notify {third}" in log
+    assert not machine.worker.jobs and machine.worker.core.kv.check_integrity().in_use == 0

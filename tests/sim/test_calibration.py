@@ -71,7 +71,8 @@ def log_record(step: StepShape, execute_cpu_s: float, cycle_cpu_s: float | None)
         "seq": 0, "num_seqs": w.num_seqs, "num_tokens": w.num_tokens,
         "num_context_tokens": w.num_context_tokens,
         "num_attention_pairs": w.num_attention_pairs, "num_sampled": step.num_sampled,
-        "execute_cpu_s": execute_cpu_s, "cycle_s": cycle_cpu_s, "cycle_cpu_s": cycle_cpu_s,
+        "start_s": 0.0, "execute_s": execute_cpu_s, "execute_cpu_s": execute_cpu_s,
+        "cycle_s": cycle_cpu_s, "cycle_cpu_s": cycle_cpu_s,
     }  # fmt: skip
 
 

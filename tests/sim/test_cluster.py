@@ -9,6 +9,7 @@ import pytest
 
 from tandem.engine.kv_transfer import LAST_WRITE_WAIT_SHARE
 from tandem.sim.cluster import Cluster, ClusterConfig
+from tandem.sim.faults import Faults
 from tandem.sim.profiles import load_profile
 from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import SHAPES
@@ -105,8 +106,6 @@ def test_an_unknown_policy_is_refused():
 
 
 def test_nodes_sharing_host_cores_take_longer_than_nodes_with_devices_of_their_own():
-    import dataclasses
-
     reqs = synthetic(40, 100.0, (200, 400), (5, 20), SHAPE.vocab_size, seed=5)
     config = ClusterConfig(num_prefill=2, num_decode=2)
     ttft = {}
@@ -121,8 +120,6 @@ def test_nodes_sharing_host_cores_take_longer_than_nodes_with_devices_of_their_o
 
 
 def test_relaying_on_the_same_host_takes_the_cores_when_tokens_flow():
-    import dataclasses
-
     reqs = synthetic(40, 100.0, (200, 400), (5, 20), SHAPE.vocab_size, seed=5)
     config = ClusterConfig(num_prefill=1, num_decode=1)
     e2e = {}
@@ -149,8 +146,6 @@ def test_the_router_forwards_a_burst_one_request_after_the_other():
     # Eight requests arrive at the same instant on a host of two cores: the router's event
     # loop parses them in turn (20 ms each), so the k-th reaches a decode node no earlier
     # than (k+1) x 20 ms after the burst; as tasks side by side they all left together.
-    import dataclasses
-
     config = ClusterConfig(num_prefill=1, num_decode=2, num_kv_blocks=256)
     reqs = [SimRequest.of_tokens(f"r{i}", 1.0, [5 + i] * 64, 2) for i in range(8)]
     profile = dataclasses.replace(H100, host_cores=2, host_router_request_s=0.02)
@@ -216,10 +211,6 @@ def test_a_client_that_goes_away_before_the_router_forwards_its_request():
     # The router takes 50 ms per request; every client gives up 0.12 s after it sent: of
     # eight requests that arrive together the last ones are still queued in the router then,
     # end aborted and never reach a node; nothing is left held or counted in flight.
-    import dataclasses
-
-    from tandem.sim.faults import Faults
-
     config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=256)
     reqs = [SimRequest.of_tokens(f"r{i}", 0.0, [5 + i] * 64, 50) for i in range(8)]
     profile = dataclasses.replace(H100, host_cores=2, host_router_request_s=0.05)

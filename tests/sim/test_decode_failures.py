@@ -170,3 +170,37 @@ def test_bad_decode_outages_are_refused():
 
 def kill_decode_of(index: int) -> Faults:
     return Faults(outages=(Outage(index, 1.0, role="decode"),))
+
+
+@pytest.mark.parametrize("router_token_s", [0.0, 3e-4, 2e-3])
+def test_a_reset_does_not_overtake_the_tokens_the_router_has_yet_to_relay(router_token_s):
+    # On a CPU host the router's event loop relays tokens in its turn; the dead decode
+    # node's connection reset reaches it behind the tokens that node made before it died.
+    # So a request that streamed from the dead node ends as a broken stream (or finished,
+    # if its last token came first) and is never run again on the survivor.
+    import dataclasses
+
+    from tandem.sim.workload import synthetic
+
+    profile = dataclasses.replace(H100, host_cores=8, host_router_token_s=router_token_s)
+    config = ClusterConfig(num_prefill=1, num_decode=2)
+    cluster = Cluster(config, SHAPE, profile, faults=kill_decode())
+    dead, made = cluster.decodes[0], {}
+    relay = cluster.relay
+
+    def watch(requests):
+        for r in requests:
+            live = cluster._live.get(r.request_id)
+            if live is not None and live.node is dead and live.request is r:
+                made[r.request_id] = made.get(r.request_id, False) or r.is_finished
+        relay(requests)
+
+    cluster.relay = watch
+    reqs = synthetic(200, 100.0, (200, 400), (30, 80), SHAPE.vocab_size, seed=5)
+    records = {r.request_id: r for r in cluster.run(reqs)}
+    assert made and hit(list(records.values()))
+    for rid, finished in made.items():
+        record = records[rid]
+        assert record.decode == DEAD, rid  # not retried on the survivor
+        assert record.outcome == ("finished" if finished else "error"), rid
+    assert_clean(cluster, list(records.values()))

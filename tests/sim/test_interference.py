@@ -53,10 +53,13 @@ def test_the_fit_recovers_a_known_interference_and_the_engine_alone():
         assert a["execute_cpu_s"] == pytest.approx(
             r["execute_cpu_s"] / (1 + k * overlaps[records.index(r)])
         )
-    # too few steps alone: nothing fitted; no slope: nothing fitted
+    # fewer than MIN_STEPS steps alone (or beside a prefill step): nothing fitted
     assert fit_interference(records, [1.0] * len(records), shape, truth) == 0.0
-    some = [0.0] * (MIN_STEPS - 1) + overlaps[MIN_STEPS - 1 :]
-    assert fit_interference(records, some, shape, truth) > 0.0
+    beside = [x if x else 1.0 for x in overlaps]  # none alone but the first MIN_STEPS - 1
+    few = [0.0] * (MIN_STEPS - 1) + beside[MIN_STEPS - 1 :]
+    assert fit_interference(records, few, shape, truth) == 0.0
+    enough = [0.0] * MIN_STEPS + beside[MIN_STEPS:]
+    assert fit_interference(records, enough, shape, truth) > 0.0
     # steps beside a prefill step that cost less: no interference, not a negative one
     step = StepShape.of([1], [100], 1)
     faster = [log_record(step, 1e-3, None)] * 30 + [log_record(step, 0.9e-3, None)] * 30
