@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from local_serve import local_serve
 from machine import describe_host
-from sim_validate import replay, router_phases, wait_ready
+from sim_validate import replay, router_phases
 
 from tandem.engine.ports import free_port
 from tandem.engine.tiny_model import make_model
@@ -90,20 +89,9 @@ def run(args: argparse.Namespace, model: str) -> list[dict[str, float]]:
     ]  # fmt: skip
     base = f"http://127.0.0.1:{args.port}"
     rng = random.Random(args.seed)
-    with tempfile.TemporaryFile() as log:  # a pipe nobody reads would fill up and block
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            wait_ready(base, proc, log, args.prefill + args.decode)
-            phase_means(base, burst(args, rng, -1))  # untimed: first steps, connections
-            return [phase_means(base, burst(args, rng, i)) for i in range(args.bursts)]
-        except Exception:
-            log.seek(0)
-            print(f"tandem serve's log ends:\n{log.read().decode()[-4000:]}", file=sys.stderr)
-            raise
-        finally:
-            proc.terminate()
-            proc.wait(60)
+    with local_serve(command, base, args.prefill + args.decode):
+        phase_means(base, burst(args, rng, -1))  # untimed: first steps, connections
+        return [phase_means(base, burst(args, rng, i)) for i in range(args.bursts)]
 
 
 def main() -> None:

@@ -44,7 +44,6 @@ import asyncio
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +55,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.disagg.nodes
 
+from local_serve import local_serve, worker_entries
 from machine import describe_host
 from proc_stats import cpu_seconds, host_busy, thread_seconds
 
@@ -166,21 +166,9 @@ def run_real(args, model: str, slices: list[list[SimRequest]]) -> list[dict[str,
         "--num-kv-blocks", str(args.num_kv_blocks), "--max-model-len", str(args.max_model_len),
         "--threads", "1",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    # The deployment's log goes to a file: a pipe nobody reads fills up (64 KiB, a few
-    # lines per request from five processes) and blocks the processes that write to it.
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            wait_ready(f"http://127.0.0.1:{args.port}", proc, log, args.prefill + args.decode)
-            return _replay_slices(f"http://127.0.0.1:{args.port}", proc.pid, slices)
-        except Exception:
-            log.seek(0)
-            print(f"tandem serve's log ends:\n{log.read().decode()[-4000:]}", file=sys.stderr)
-            raise
-        finally:
-            proc.terminate()
-            proc.wait(60)
+    base = f"http://127.0.0.1:{args.port}"
+    with local_serve(command, base, args.prefill + args.decode) as proc:
+        return _replay_slices(base, proc.pid, slices)
 
 
 def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list[dict]:
@@ -237,7 +225,7 @@ def node_counters(base: str) -> dict[str, float]:
     """Summed over the decode nodes: their inter-token latency histogram (sum, count) and
     their engine steps (`tandem_iteration_tokens_total` observations)."""
     out = {"itl_sum": 0.0, "itl_count": 0.0, "steps": 0.0}
-    for w in _entries(httpx.get(f"{base}/workers", timeout=10).json()):
+    for w in worker_entries(httpx.get(f"{base}/workers", timeout=10).json()):
         if w["role"] != "decode":
             continue
         text = httpx.get(w["metrics_url"], timeout=10).text
@@ -332,7 +320,7 @@ def step_background(real: dict, profile: DeviceProfile) -> float:
 def last_step_seqs(base: str) -> dict[str, int]:
     """Every node's last step number so far, by URL (no records fetched)."""
     out = {}
-    for w in _entries(httpx.get(f"{base}/workers", timeout=10).json()):
+    for w in worker_entries(httpx.get(f"{base}/workers", timeout=10).json()):
         # a step number no node reaches: only the last seq comes back
         reply = httpx.get(f"{w['url']}/debug/steps", params={"since": 2**62}, timeout=10)
         out[w["url"]] = reply.json()["last"]
@@ -343,34 +331,13 @@ def node_steps(base: str, since: dict[str, int]) -> dict[str, tuple[str, list[di
     """Every node's logged steps (`GET /debug/steps`) after step `since[url]`, by URL with
     its role; all of them (the log dropped none)."""
     out = {}
-    for w in _entries(httpx.get(f"{base}/workers", timeout=10).json()):
+    for w in worker_entries(httpx.get(f"{base}/workers", timeout=10).json()):
         first = since.get(w["url"], 0)
         reply = httpx.get(f"{w['url']}/debug/steps", params={"since": first}, timeout=10).json()
         steps = reply["steps"]
         assert not steps or steps[0]["seq"] == first + 1, f"{w['url']} dropped steps"
         out[w["url"]] = (w["role"], steps)
     return out
-
-
-def wait_ready(base: str, proc: subprocess.Popen, log, num_workers: int) -> None:
-    """Until the router sees every worker healthy."""
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"tandem serve exited: {log.read().decode()[-2000:]}")
-        try:
-            workers = httpx.get(f"{base}/workers", timeout=2).json()
-            if sum(1 for w in _entries(workers) if w.get("healthy")) == num_workers:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("tandem serve not ready")
-
-
-def _entries(workers) -> list[dict]:
-    return workers if isinstance(workers, list) else workers.get("workers", [])
 
 
 def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, float]:
