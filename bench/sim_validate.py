@@ -62,11 +62,12 @@ from proc_stats import cpu_seconds, host_busy, thread_seconds
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
 from tandem.sim.calibration import fit_host_overhead, fit_logged_profile
-from tandem.sim.cluster import Cluster, ClusterConfig
+from tandem.sim.cluster import ClusterConfig
 from tandem.sim.interference import fit_interference, prefill_overlaps, without_interference
 from tandem.sim.profiles import DeviceProfile, load_profile
 from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import load_shape
+from tandem.sim.simulate import run_cluster
 from tandem.sim.traces import read_trace
 from tandem.sim.workload import SimRequest, fit_lengths, scale_load
 from tests.disagg.nodes import metric_value
@@ -349,9 +350,7 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
         num_kv_blocks=args.num_kv_blocks,
         max_model_len=args.max_model_len,
     )
-    cluster = Cluster(config, load_shape(model), profile)
-    records = cluster.run(requests)
-    cluster.check_integrity()
+    cluster, records = run_cluster(config, load_shape(model), profile, requests)
     s = summarize(cluster, records, SLO())
     return {
         "requests": [  # in arrival order, as the real ones

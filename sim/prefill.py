@@ -149,13 +149,14 @@ class SimPrefill(SimNode):
         """As `PrefillWorker.step`: with a batch due and a finished job's write in flight,
         wait until the writes of finished jobs land or `LAST_WRITE_WAIT_SHARE` of the last
         step has passed."""
-        if not (self.scheduler.has_unfinished_requests() and self._finishing()):
+        finishing = self._finishing()
+        if not (self.scheduler.has_unfinished_requests() and finishing):
             return False
         bound = LAST_WRITE_WAIT_SHARE * self.last_step_s
         if bound <= 0.0:
             return False
         self._waits += 1
-        self._waited = self._finishing()
+        self._waited = finishing
         self._waiting = self.stepping = True  # messages wait for the loop, as in a step
         self.cluster.events.after(bound, self._end_wait, self._waits)
         return True

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from tandem.sim.cluster import Cluster, ClusterConfig
+from tandem.sim.cluster import Cluster, ClusterConfig, RequestRecord
 from tandem.sim.faults import Faults
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.results import SLO, summarize
@@ -24,13 +24,26 @@ def simulate(
     faults: Faults | None = None,
 ) -> dict[str, Any]:
     """Run the workload on a fresh cluster; the summary, with the wall time it took."""
-    cluster = Cluster(config, shape, profile, faults=faults)
     start = time.perf_counter()
-    records = cluster.run(fit_lengths(requests, config.max_model_len))
-    cluster.check_integrity()
+    cluster, records = run_cluster(config, shape, profile, requests, faults)
     summary = summarize(cluster, records, slo)
     summary["wall_s"] = time.perf_counter() - start
     return summary
+
+
+def run_cluster(
+    config: ClusterConfig,
+    shape: ModelShape,
+    profile: DeviceProfile,
+    requests: Sequence[SimRequest],
+    faults: Faults | None = None,
+) -> tuple[Cluster, list[RequestRecord]]:
+    """Run the workload on a fresh cluster, its KV invariants checked at the end; the
+    cluster and the requests' records, in arrival order."""
+    cluster = Cluster(config, shape, profile, faults=faults)
+    records = cluster.run(fit_lengths(requests, config.max_model_len))
+    cluster.check_integrity()
+    return cluster, records
 
 
 def sweep(
