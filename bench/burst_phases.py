@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from local_serve import local_serve
 from machine import describe_host
-from sim_validate import replay, router_phases
+from replay_client import replay
+from sim_validate import router_phases
 
 from tandem.engine.ports import free_port
 from tandem.engine.tiny_model import make_model

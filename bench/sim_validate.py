@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.dis
 from local_serve import local_serve, worker_entries
 from machine import describe_host
 from proc_stats import cpu_seconds, host_busy, thread_seconds
+from replay_client import refused, replay
 
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
@@ -115,37 +116,6 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--out", default=None, help="write every run's figures as JSON")
     return p.parse_args()
-
-
-async def replay(base: str, requests: list[SimRequest]) -> tuple[list[dict], float]:
-    """Send each request at its arrival time; per request TTFT, end to end, tokens."""
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as http:
-        model = (await http.get(f"{base}/v1/models")).json()["data"][0]["id"]
-        start = time.perf_counter()
-        t0 = requests[0].arrival_s
-
-        async def one(r: SimRequest) -> dict:
-            await asyncio.sleep(max(0.0, r.arrival_s - t0 - (time.perf_counter() - start)))
-            body = {
-                "model": model, "prompt": r.token_ids(), "max_tokens": r.num_output_tokens,
-                "temperature": 0, "ignore_eos": True, "stream": True,
-            }  # fmt: skip
-            sent = time.perf_counter()
-            first, tokens = None, 0
-            async with http.stream("POST", f"{base}/v1/completions", json=body) as resp:
-                resp.raise_for_status()
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    data = json.loads(line[6:])
-                    if data.get("choices"):
-                        first = first or time.perf_counter()
-                        tokens += 1
-            done = time.perf_counter()
-            return {"ttft": first - sent, "e2e": done - sent, "tokens": tokens, "end": done}
-
-        results = await asyncio.gather(*(one(r) for r in requests))
-        return list(results), max(r["end"] for r in results) - start
 
 
 def figures(ttft: list[float], tpot: list[float], duration: float, n: int) -> dict[str, float]:
@@ -254,8 +224,13 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
             SimRequest.of_tokens(f"probe{num_output}-{i}", 0.05 * i, [11 + i % 7] * 320, num_output)
             for i in range(n)
         ]
-        before = {**thread_seconds(root, 0), "client": time.process_time()}
-        asyncio.run(replay(base, requests) if num_output else refused(base, requests))
+        before = {}
+
+        def start() -> None:  # after the connections opened and the bodies were encoded
+            before.update(thread_seconds(root, 0), client=time.process_time())
+
+        send = replay if num_output else refused
+        asyncio.run(send(base, requests, start))
         after = {**thread_seconds(root, 0), "client": time.process_time()}
         return {k: after[k] - before.get(k, 0.0) for k in ("router", "client")}
 
@@ -272,22 +247,6 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
         before = min(request_s, max(0.0, parsed[k] - one_parsed[k]) / extra)
         out[k] = {"request_s": before, "finish_s": request_s - before, "token_s": token_s}
     return out
-
-
-async def refused(base: str, requests: list[SimRequest]) -> None:
-    """Send each request at its arrival time with a `max_tokens` no context holds: the
-    router parses it and answers 400 without forwarding it."""
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as http:
-        model = (await http.get(f"{base}/v1/models")).json()["data"][0]["id"]
-        start, t0 = time.perf_counter(), requests[0].arrival_s
-
-        async def one(r: SimRequest) -> None:
-            await asyncio.sleep(max(0.0, r.arrival_s - t0 - (time.perf_counter() - start)))
-            body = {"model": model, "prompt": r.token_ids(), "max_tokens": 1 << 30, "stream": True}
-            resp = await http.post(f"{base}/v1/completions", json=body)
-            assert resp.status_code == 400, resp.text
-
-        await asyncio.gather(*(one(r) for r in requests))
 
 
 def router_phases(base: str) -> dict[str, tuple[float, float]]:

@@ -25,6 +25,12 @@ from tandem.engine.node_loop import NodeLoop
 
 logger = logging.getLogger(__name__)
 
+# How long a node keeps an idle HTTP connection open. The router's pool keeps its own for
+# less (`tandem.router.app.WORKER_KEEPALIVE_S`), so it never sends on one being closed; and
+# long enough that the router's connections outlive the gaps in bursty traffic (uvicorn's
+# 5 s did not: each burst after a 3 s pause opened new connections to the decode nodes).
+KEEP_ALIVE_S = 75
+
 
 def error_body(
     message: str,
@@ -191,6 +197,7 @@ class NodeServer:
 
     def serve(self, host: str, port: int, log_level: str = "info") -> None:
         config = uvicorn.Config(
-            self.app, host=host, port=port, log_level=log_level, access_log=False
-        )
+            self.app, host=host, port=port, log_level=log_level, access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )  # fmt: skip
         uvicorn.Server(config).run()

@@ -21,12 +21,14 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tandem.engine import request_log
+from tandem.engine.node_server import KEEP_ALIVE_S as NODE_KEEP_ALIVE_S
 from tandem.engine.node_server import add_validation_handler
 from tandem.engine.structured_outputs import StructuredOutputsParams
 from tandem.engine.tracing import Tracing
 from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import APIError, ModelNotFound, Unauthorized
 from tandem.router.generation import Generation, GenerationRunner
+from tandem.router.http_pool import ClientShards
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 from tandem.router.monitor import Discovery, WorkerMonitor
@@ -40,6 +42,9 @@ from tandem.router.protocol import (
 )
 from tandem.router.responses import ChatFormat, CompletionFormat, Format
 from tandem.router.workers import WorkerPool
+
+# Seconds an idle connection to a node stays in the pool: less than the node keeps it.
+WORKER_KEEPALIVE_S = NODE_KEEP_ALIVE_S - 15.0
 
 
 @dataclass(frozen=True)
@@ -78,15 +83,18 @@ class Router:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        # Idle connections are dropped well before a node's server closes them (uvicorn: 5 s),
-        # so a request never goes out on a connection the server is closing.
-        limits = httpx.Limits(
-            max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0
-        )
         # A connect timeout counts as the worker failing: it must exceed the time this
         # process's own event loop can lag on a busy machine (local dead ports are refused).
         timeout = httpx.Timeout(connect=5.0, read=None, write=10.0, pool=None)
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+
+        def client(limits: httpx.Limits) -> httpx.AsyncClient:
+            return httpx.AsyncClient(limits=limits, timeout=timeout)
+
+        # Idle connections are dropped well before a node's server closes them
+        # (`node_server.KEEP_ALIVE_S`), so a request never goes out on a connection the
+        # server is closing; and kept across the pauses of bursty traffic, so a burst does
+        # not wait for new connections to the decode nodes.
+        async with ClientShards(client, keepalive_s=WORKER_KEEPALIVE_S) as http:
             self.dispatcher = Dispatcher(
                 self.pool, self.index, self.policy, http, self.metrics,
                 self.pre.limits.block_size, self.options.max_attempts,

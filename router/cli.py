@@ -51,6 +51,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a health check may take before it counts as failed (a busy node on a "
         "busy machine answers late, and is not dead)",
     )
+    parser.add_argument(
+        "--timeout-keep-alive",
+        type=int,
+        default=75,
+        help="seconds an idle client connection stays open (uvicorn's default, 5, is what "
+        "HTTP clients such as the OpenAI SDK keep one for: a request can race the close; "
+        "behind a load balancer, make it longer than the balancer's idle timeout)",
+    )
     add_tool_call_parser(parser)
     add_tracing_argument(parser)
     parser.add_argument("--log-level", default="info")

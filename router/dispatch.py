@@ -20,6 +20,7 @@ import httpx
 
 from tandem.engine import request_log, tracing
 from tandem.router.errors import APIError, InvalidRequest, Unavailable, UpstreamFailed
+from tandem.router.http_pool import ClientShards
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 from tandem.router.policy import Policy, Route, RouteRequest, Snapshot
@@ -62,7 +63,7 @@ class Dispatcher:
         pool: WorkerPool,
         index: PrefixIndex,
         policy: Policy,
-        http: httpx.AsyncClient,
+        http: httpx.AsyncClient | ClientShards,
         metrics: RouterMetrics,
         block_size: int,
         max_attempts: int = 3,

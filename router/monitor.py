@@ -20,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from tandem.engine.kv_events import decode_batch
+from tandem.router.http_pool import ClientShards
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 from tandem.router.workers import WorkerAddress, WorkerPool
@@ -55,7 +56,7 @@ class WorkerMonitor:
         pool: WorkerPool,
         index: PrefixIndex,
         discovery: Discovery,
-        http: httpx.AsyncClient,
+        http: httpx.AsyncClient | ClientShards,
         interval_s: float = 1.0,
         metrics: RouterMetrics | None = None,
         timeout_s: float = 5.0,

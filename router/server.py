@@ -61,8 +61,9 @@ def run(args: argparse.Namespace) -> None:
     router = build_router(args)
     logger.info("router for %s, policy %s", router.pre.limits.name, args.policy)
     config = uvicorn.Config(
-        router.app, host=args.host, port=args.port, log_level=args.log_level, access_log=False
-    )
+        router.app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+        timeout_keep_alive=args.timeout_keep_alive,
+    )  # fmt: skip
     try:
         uvicorn.Server(config).run()
     finally:
