@@ -47,6 +47,10 @@ class Server:
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
+    async def until_waiting(self, n: int) -> None:
+        while self.waiting < n:
+            await asyncio.sleep(0.005)
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/wait"
@@ -77,8 +81,7 @@ def test_shards_hold_at_most_their_size_and_are_reused_in_order(server: Server) 
     async def run() -> None:
         async with shards(4) as http:
             tasks = [asyncio.create_task(one(http, server.url)) for _ in range(10)]
-            while server.waiting < 10:  # every request in flight on the server
-                await asyncio.sleep(0.005)
+            await asyncio.wait_for(server.until_waiting(10), 60)  # all in flight there
             assert http.in_flight == [4, 4, 2]
             server.gate.set()
             assert await asyncio.gather(*tasks) == ["done\n"] * 10
