@@ -45,10 +45,14 @@ class ClientShards:
         self.shard_size = shard_size
         self.shards: list[httpx.AsyncClient] = []
         self.in_flight: list[int] = []  # requests in flight, per shard
+        self.closed = False
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[httpx.AsyncClient]:
-        """A shard with a free place, held for the block."""
+        """A shard with a free place, held for the block. RuntimeError once closed (as a
+        closed `httpx.AsyncClient`): nothing is opened after `aclose`."""
+        if self.closed:
+            raise RuntimeError("the HTTP client has been closed")
         index = next((i for i, n in enumerate(self.in_flight) if n < self.shard_size), None)
         if index is None:
             index = len(self.shards)
@@ -74,6 +78,7 @@ class ClientShards:
             return await client.get(url, **kwargs)
 
     async def aclose(self) -> None:
+        self.closed = True
         for client in self.shards:
             await client.aclose()
         self.shards.clear()

@@ -109,6 +109,9 @@ def test_a_failed_request_gives_its_place_back(server: Server) -> None:
             server.gate.set()
             assert await one(http, server.url) == "done\n"
             assert len(http.shards) == 1
+        with pytest.raises(RuntimeError):  # closed: nothing new is opened
+            await one(http, server.url)
+        assert http.shards == []
 
     asyncio.run(run())
 
