@@ -19,12 +19,14 @@ times, made light so that what it measures is the deployment, as the simulation 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import httpx
+from silent_server import SilentServer
 
 from tandem.router.http_pool import ClientShards
 from tandem.sim.workload import SimRequest
@@ -118,3 +120,38 @@ async def refused(
             assert resp.status_code == 400, resp.text
 
         await at_arrivals(requests, one)
+
+
+async def sent_only(requests: list[SimRequest], bound_s: float = 60.0) -> float:
+    """This thread's CPU seconds to send each request at its arrival time, streamed as
+    `replay` sends them, to a server that reads them and never answers
+    (`SilentServer`): from the clock's start (connections open, bodies encoded) until the
+    server has every body. What the client does before a request reaches the router."""
+    loop = asyncio.get_running_loop()
+    received = asyncio.Event()
+
+    def on_post(count: int) -> None:
+        if count == len(requests):
+            loop.call_soon_threadsafe(received.set)
+
+    with SilentServer(on_post) as server:
+        async with http_client() as http:
+            n = min(len(requests), MAX_WARM_CONNECTIONS)
+            model = await warm_connections(http, server.base, n)
+            bodies = {id(r): _body(model, r, r.num_output_tokens) for r in requests}
+            start = time.thread_time()
+
+            async def one(r: SimRequest) -> None:
+                headers = {"content-type": "application/json"}
+                url = f"{server.base}/v1/completions"
+                async with http.stream("POST", url, content=bodies[id(r)], headers=headers):
+                    pass  # never reached: no reply comes
+
+            sending = asyncio.create_task(at_arrivals(requests, one))
+            try:
+                await asyncio.wait_for(received.wait(), bound_s)
+                return time.thread_time() - start
+            finally:
+                sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sending

@@ -18,7 +18,9 @@ validation slice is the `--num-requests` after it, never seen by the fit):
   deployment, where `bench/calibrate.py` times it alone); each role's work outside the
   runner (scheduling, detokenizing, streaming records, KV events) is fitted per step and per
   sequence from the process's CPU over back-to-back steps (`fit_host_overhead`, into
-  `decode_*` / `prefill_*_overhead_s`).
+  `decode_*` / `prefill_*_overhead_s`); a role whose steps seldom run back to back (the
+  prefill workers, whose loops wait for writes after most steps) gets its process's CPU
+  beyond the runner shared out per step (`mean_host_overhead`).
 - `step` / `token`: the CPU time the decode processes spent beyond the simulated engine time
   (from /proc), charged per decode step (`step_overhead_s`) or per token
   (`token_overhead_s`), on the shipped profile.
@@ -58,11 +60,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.dis
 from local_serve import local_serve, worker_entries
 from machine import describe_host
 from proc_stats import cpu_seconds, host_busy, thread_seconds
-from replay_client import refused, replay
+from replay_client import refused, replay, sent_only
 
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
-from tandem.sim.calibration import fit_host_overhead, fit_logged_profile
+from tandem.sim.calibration import (
+    fit_host_overhead,
+    fit_logged_profile,
+    mean_host_overhead,
+)
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.interference import fit_interference, prefill_overlaps, without_interference
 from tandem.sim.profiles import DeviceProfile, load_profile
@@ -214,10 +220,14 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
     process, from `time.process_time`); per token is the difference over the extra tokens,
     per request what the 1-token set cost beyond a set of one request (a set's own cost,
     the HTTP client's start and the model lookup, would be charged to every request) less
-    its token. Of that, the part before the router forwards a request is what one it
-    refuses after parsing costs, counted the same way (`max_tokens` beyond the context: the
-    parse and the prompt's checks, without routing and the forwarding call); the rest
-    (`finish_s`) is charged when the request ends."""
+    its token. Of that, the part before the request moves on is, for the router, what one
+    it refuses after parsing costs, counted the same way (`max_tokens` beyond the context:
+    the parse and the prompt's checks, without routing and the forwarding call), and for the
+    client what sending one costs (`sent_cpu`: a refused request's cost would include
+    reading and parsing the answer, which a streamed request does only later; charged
+    before forwarding, it held a burst's later requests back in the simulated client by
+    about twice what sending takes); the rest (`finish_s`) is charged when the request
+    ends."""
 
     def cpu_of(num_output: int, n: int = num_requests) -> dict[str, float]:
         requests = [
@@ -240,6 +250,7 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
     cpu_of(1)
     short, longer, parsed = cpu_of(1), cpu_of(long), cpu_of(0)
     one_short, one_parsed = cpu_of(1, 1), cpu_of(0, 1)
+    parsed["client"], one_parsed["client"] = sent_cpu(num_requests), sent_cpu(1)
     out, extra = {}, num_requests - 1
     for k in ("router", "client"):
         token_s = max(0.0, longer[k] - short[k]) / (num_requests * (long - 1))
@@ -247,6 +258,15 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
         before = min(request_s, max(0.0, parsed[k] - one_parsed[k]) / extra)
         out[k] = {"request_s": before, "finish_s": request_s - before, "token_s": token_s}
     return out
+
+
+def sent_cpu(n: int) -> float:
+    """The client's CPU to send `n` of the probe's prompts (320 tokens, 0.05 s apart) to a
+    server that never answers (`replay_client.sent_only`)."""
+    requests = [
+        SimRequest.of_tokens(f"sent-{i}", 0.05 * i, [11 + i % 7] * 320, 1) for i in range(n)
+    ]
+    return asyncio.run(sent_only(requests))
 
 
 def router_phases(base: str) -> dict[str, tuple[float, float]]:
@@ -363,6 +383,8 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
     for role in ("decode", "prefill"):
         mine = [r for role_of, steps in logs.values() if role_of == role for r in steps]
         step_s, seq_s = fit_host_overhead(mine)
+        if (step_s, seq_s) == (0.0, 0.0):  # too few back-to-back steps: the process's CPU
+            step_s = mean_host_overhead(mine, real["cpu_s"].get(role, 0.0))
         fitted = dataclasses.replace(
             fitted, **{f"{role}_step_overhead_s": step_s, f"{role}_seq_overhead_s": seq_s}
         )

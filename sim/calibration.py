@@ -108,3 +108,16 @@ def fit_host_overhead(records: Sequence[Mapping[str, float]]) -> tuple[float, fl
     y = np.asarray([r["cycle_cpu_s"] - r["execute_cpu_s"] for r in cycles])
     step_s, seq_s = nonnegative_lstsq(a, y)
     return float(step_s), float(seq_s)
+
+
+def mean_host_overhead(records: Sequence[Mapping[str, float]], process_cpu_s: float) -> float:
+    """Per step, the CPU seconds a node's process spent outside the model runner over the
+    steps `records` logged: its whole CPU over the slice (`process_cpu_s`) less the runner's,
+    shared out over the steps. For a node whose steps seldom run back to back (a prefill
+    worker, whose loop waits for writes after most steps), where `fit_host_overhead` has
+    too few cycles: it also counts the loop's polling between steps (1 ms polls while
+    writes are in flight), which runs around the steps rather than in them."""
+    if not records:
+        return 0.0
+    runner = sum(r["execute_cpu_s"] for r in records)
+    return max(0.0, process_cpu_s - runner) / len(records)

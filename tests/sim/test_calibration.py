@@ -14,6 +14,7 @@ from tandem.sim.calibration import (
     fit_logged_profile,
     fit_profile,
     logged_step,
+    mean_host_overhead,
     nonnegative_lstsq,
 )
 from tandem.sim.profiles import load_profile
@@ -96,3 +97,12 @@ def test_the_logged_fits_recover_the_engine_and_the_nodes_work_outside_it():
     assert fit_host_overhead(records) == pytest.approx(outside, rel=1e-6)
     cycles = [r for r in records if r["cycle_cpu_s"] is not None]
     assert fit_host_overhead(cycles[: MIN_CYCLES - 1]) == (0.0, 0.0)  # too few to split
+
+
+def test_a_node_with_few_cycles_shares_its_process_cpu_beyond_the_runner_over_its_steps():
+    steps = list(random_steps(3, 4))
+    records = [log_record(step, 0.01 * (i + 1), None) for i, step in enumerate(steps)]
+    runner = sum(r["execute_cpu_s"] for r in records)  # 0.1 s over four steps
+    assert mean_host_overhead(records, runner + 0.02) == pytest.approx(0.005)
+    assert mean_host_overhead(records, runner / 2) == 0.0  # clock ticks round the process's
+    assert mean_host_overhead([], 1.0) == 0.0
