@@ -37,16 +37,21 @@ def thread_seconds(root: int, field: int) -> dict[str, float]:
     """Summed over the live threads of `root`'s process tree (by role) and of this process
     (the client), a field of /proc/PID/task/TID/schedstat in seconds: 0 their time on a
     core so far, 1 their time runnable but waiting for a core (what contention cost them,
-    which CPU time does not show). A thread that has ended no longer counts."""
+    which CPU time does not show). A thread that has ended no longer counts. `decode_http`:
+    the decode processes' main threads alone (their HTTP servers)."""
     out: dict[str, float] = {"client": _task_stat(os.getpid(), field)}
     for pid, role in _tree_roles(root).items():
         out[role] = out.get(role, 0.0) + _task_stat(pid, field)
+        if role == "decode":  # its main thread runs the HTTP server (uvicorn)
+            out["decode_http"] = out.get("decode_http", 0.0) + _task_stat(pid, field, pid)
     return out
 
 
-def _task_stat(pid: int, field: int) -> float:
+def _task_stat(pid: int, field: int, tid: int | None = None) -> float:
+    """Over the process's threads, or over thread `tid` alone."""
     total = 0
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    tasks = [Path(f"/proc/{pid}/task/{tid}")] if tid else Path(f"/proc/{pid}/task").glob("*")
+    for task in tasks:
         try:
             total += int((task / "schedstat").read_text().split()[field])
         except (OSError, IndexError, ValueError):

@@ -242,7 +242,7 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
         send = replay if num_output else refused
         asyncio.run(send(base, requests, start))
         after = {**thread_seconds(root, 0), "client": time.process_time()}
-        return {k: after[k] - before.get(k, 0.0) for k in ("router", "client")}
+        return {k: after[k] - before.get(k, 0.0) for k in ("router", "client", "decode_http")}
 
     # a first set, not counted: in the first run of a session the client's first streamed
     # set cost it about 10 ms more per request (warming), which came out as per-request
@@ -257,6 +257,12 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
         request_s = max(0.0, (short[k] - one_short[k]) / extra - token_s)
         before = min(request_s, max(0.0, parsed[k] - one_parsed[k]) / extra)
         out[k] = {"request_s": before, "finish_s": request_s - before, "token_s": token_s}
+    # the decode nodes' HTTP threads (no refused request reaches them): all of a request's
+    # work there is charged before its engine takes it; their work per record is in the
+    # decode steps' fitted overhead (the process's CPU over back-to-back steps)
+    k = "decode_http"
+    token_s = max(0.0, longer[k] - short[k]) / (num_requests * (long - 1))
+    out["decode"] = {"request_s": max(0.0, (short[k] - one_short[k]) / extra - token_s)}
     return out
 
 
@@ -294,6 +300,7 @@ def step_background(real: dict, profile: DeviceProfile) -> float:
         simulated += sum(r["execute_cpu_s"] + step_s + seq_s * r["num_seqs"] for r in steps)
     cpu = real["cpu_s"]
     simulated += cpu.get("router", 0.0) + cpu.get("client", 0.0)
+    simulated += len(real["requests"]) * profile.host_decode_request_s  # the nodes' HTTP
     return max(0.0, real["host_busy_s"] - simulated) / real["duration_s"]
 
 
@@ -389,11 +396,15 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
             fitted, **{f"{role}_step_overhead_s": step_s, f"{role}_seq_overhead_s": seq_s}
         )
         record[role] = f"{1e3 * step_s:.3f} ms + {1e3 * seq_s:.3f} ms/seq"
-    for process, cost in real["relay_probe"].items():  # router, client
-        record[process] = (
-            f"{1e3 * cost['request_s']:.2f} ms/request before forwarding + "
-            f"{1e3 * cost['finish_s']:.2f} ms at its end + {1e3 * cost['token_s']:.3f} ms/token"
-        )
+    for process, cost in real["relay_probe"].items():  # router, client, decode (HTTP)
+        if process == "decode":
+            record["decode_http"] = f"{1e3 * cost['request_s']:.2f} ms/request"
+        else:
+            record[process] = (
+                f"{1e3 * cost['request_s']:.2f} ms/request before forwarding + "
+                f"{1e3 * cost['finish_s']:.2f} ms at its end + "
+                f"{1e3 * cost['token_s']:.3f} ms/token"
+            )
         fitted = dataclasses.replace(fitted, **{f"host_{process}_{k}": v for k, v in cost.items()})
     return fitted, record
 

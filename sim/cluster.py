@@ -275,7 +275,14 @@ class Cluster:
             self.send(self._worker_failed, live, attempt, refused)
             return
         live.node = node
-        node.deliver(node.add_stream, live.request, alternates)
+        work_s = self.profile.host_decode_request_s
+        node.front.submit(work_s, self._admit, live, attempt, node, alternates)
+
+    def _admit(self, live: _Live, attempt: int, node: SimDecode, alternates: list[str]) -> None:
+        """The decode node's HTTP thread has taken the request: its engine adds it between
+        steps (unless the client went away meanwhile; a node that died ignores it)."""
+        if self._current(live, attempt):
+            node.deliver(node.add_stream, live.request, alternates)
 
     def _current(self, live: _Live, attempt: int) -> bool:
         return self._live.get(live.record.request_id) is live and live.attempt == attempt
@@ -325,7 +332,8 @@ class Cluster:
         if not live.tried:
             return  # the router has not forwarded it yet
         node: SimDecode = self.nodes[live.record.decode]
-        self.send(node.deliver, node.abort, request_id)
+        # `POST /abort` passes the node's HTTP thread too, behind the request it ends
+        self.send(node.front.submit, 0.0, node.deliver, node.abort, request_id)
 
     def on_admitted(self, request: Request, remote: bool) -> None:
         live = self._live.get(request.request_id)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from tandem.engine.prefill_failover import DecodeOptions, PrefillFailover
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.scheduler import RemoteHold, SchedulerOutput, remote_hold_key
+from tandem.sim.host_process import HostProcess
 from tandem.sim.node import SimNode
 
 if TYPE_CHECKING:
@@ -48,6 +49,8 @@ class SimDecode(SimNode):
 
     def setup_failover(self, options: DecodeOptions) -> None:
         self.failover = PrefillFailover(self.scheduler, options, self._send_abort)
+        # the node's HTTP thread: a request reaches the engine after its work there
+        self.front = HostProcess(self.cluster.cores)
         self.streams: dict[str, Request] = {}  # the requests not ended yet
         self.down: set[str] = set()  # prefill endpoints whose connection dropped
         self.fallbacks: Counter[str] = Counter()

@@ -64,6 +64,11 @@ class DeviceProfile:
     host_client_request_s: float = 0.0
     host_client_finish_s: float = 0.0
     host_client_token_s: float = 0.0
+    # CPU hosts: a decode node's HTTP thread (its event loop), per request before the
+    # engine thread takes it (the body's validation, the hand-over); one single-threaded
+    # process per decode node on the host's cores, as the router is. Its per-token work
+    # is in the decode steps' fitted overhead. Measured by bench/sim_validate.py.
+    host_decode_request_s: float = 0.0
     memory_utilization: float = 0.9
     # CPU hosts: every node of a simulated deployment shares these cores (`tandem serve` on
     # one machine), so a step stretches while more nodes step at once than there are cores.

@@ -222,3 +222,42 @@ def test_a_client_that_goes_away_before_the_router_forwards_its_request():
     cluster.check_integrity()
     assert cluster.num_held_blocks == 0
     assert all(w.inflight == 0 for w in cluster.router.pool.workers.values())
+
+
+def test_a_decode_node_s_http_thread_takes_a_burst_one_request_after_the_other():
+    # Six requests arrive together at the only decode node of a two-core host; its HTTP
+    # thread takes 30 ms per request before the engine sees it, so the k-th is admitted no
+    # earlier than (k+1) x 30 ms after the burst, and the router, done at once, has routed
+    # all six before the node admitted the first.
+    config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=256)
+    reqs = [SimRequest.of_tokens(f"r{i}", 1.0, [5 + i] * 64, 2) for i in range(6)]
+    profile = dataclasses.replace(H100, host_cores=2, host_decode_request_s=0.03)
+    cluster = Cluster(config, SHAPE, profile)
+    records = cluster.run(reqs)
+    admitted = sorted(r.admitted_s - r.arrival_s for r in records)
+    for k, delay in enumerate(admitted):
+        assert delay >= (k + 1) * 0.03 - 1e-9
+    assert cluster.decodes[0].front.busy_s == pytest.approx(6 * 0.03)
+    assert all(r.outcome == "finished" for r in records)
+    # with cores of its own (no host simulated) the node's HTTP work costs nothing
+    own = dataclasses.replace(H100, host_decode_request_s=0.03)
+    assert [r.admitted_s for r in Cluster(config, SHAPE, own).run(reqs)] == [
+        r.admitted_s for r in Cluster(config, SHAPE, H100).run(reqs)
+    ]
+
+
+def test_a_client_that_goes_away_while_its_request_waits_in_a_decode_node_s_http_thread():
+    # The decode node's HTTP thread takes 50 ms per request; every client gives up 0.12 s
+    # after it sent: the last of eight requests are still queued there, are never added to
+    # the engine, and nothing is left held or counted in flight.
+    config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=256)
+    reqs = [SimRequest.of_tokens(f"r{i}", 0.0, [5 + i] * 64, 50) for i in range(8)]
+    profile = dataclasses.replace(H100, host_cores=2, host_decode_request_s=0.05)
+    cluster = Cluster(config, SHAPE, profile, faults=Faults(abort_share=1.0, abort_after_s=0.12))
+    records = cluster.run(reqs)
+    never_admitted = [r for r in records if r.decode and r.admitted_s is None]
+    assert never_admitted and all(r.outcome == "aborted" for r in never_admitted)
+    assert not cluster.decodes[0].streams  # no request left in the node
+    cluster.check_integrity()
+    assert cluster.num_held_blocks == 0
+    assert all(w.inflight == 0 for w in cluster.router.pool.workers.values())
