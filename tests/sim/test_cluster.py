@@ -142,20 +142,36 @@ def test_relaying_on_the_same_host_takes_the_cores_when_tokens_flow():
     assert [r.finish_s for r in with_relay] == [r.finish_s for r in without]
 
 
-def test_the_router_forwards_a_burst_one_request_after_the_other():
+@pytest.mark.parametrize(
+    ("field", "num_decode", "process"),
+    [
+        ("host_router_request_s", 2, lambda c: c.router_process),
+        ("host_decode_request_s", 1, lambda c: c.decodes[0].front),
+    ],
+    ids=["router", "decode-node-http"],
+)
+def test_a_single_threaded_process_takes_a_burst_one_request_after_the_other(
+    field, num_decode, process
+):
     # Eight requests arrive at the same instant on a host of two cores: the router's event
-    # loop parses them in turn (20 ms each), so the k-th reaches a decode node no earlier
-    # than (k+1) x 20 ms after the burst; as tasks side by side they all left together.
-    config = ClusterConfig(num_prefill=1, num_decode=2, num_kv_blocks=256)
+    # loop parses them in turn (20 ms each), and so does the only decode node's HTTP thread
+    # before its engine sees them, so the k-th is admitted no earlier than (k+1) x 20 ms
+    # after the burst; as tasks side by side they all left together.
+    config = ClusterConfig(num_prefill=1, num_decode=num_decode, num_kv_blocks=256)
     reqs = [SimRequest.of_tokens(f"r{i}", 1.0, [5 + i] * 64, 2) for i in range(8)]
-    profile = dataclasses.replace(H100, host_cores=2, host_router_request_s=0.02)
+    profile = dataclasses.replace(H100, host_cores=2, **{field: 0.02})
     cluster = Cluster(config, SHAPE, profile)
     records = cluster.run(reqs)
     admitted = sorted(r.admitted_s - r.arrival_s for r in records)
     for k, delay in enumerate(admitted):
         assert delay >= (k + 1) * 0.02 - 1e-9
-    assert cluster.router_process.busy_s == pytest.approx(8 * 0.02)
+    assert process(cluster).busy_s == pytest.approx(8 * 0.02)
     assert all(r.outcome == "finished" for r in records)
+    # with cores of their own (no host simulated) the work costs nothing
+    own = dataclasses.replace(H100, **{field: 0.02})
+    assert [r.admitted_s for r in Cluster(config, SHAPE, own).run(reqs)] == [
+        r.admitted_s for r in Cluster(config, SHAPE, H100).run(reqs)
+    ]
 
 
 def step_starts(cluster: Cluster) -> list[float]:
@@ -207,56 +223,31 @@ def test_a_busy_prefill_worker_waits_a_bounded_time_for_a_finished_job_s_last_wr
         assert first.first_token_s > starts[0] + step + write  # waited for its write only
 
 
-def test_a_client_that_goes_away_before_the_router_forwards_its_request():
-    # The router takes 50 ms per request; every client gives up 0.12 s after it sent: of
-    # eight requests that arrive together the last ones are still queued in the router then,
-    # end aborted and never reach a node; nothing is left held or counted in flight.
+def never_forwarded(records: list) -> list:
+    return [r for r in records if not r.decode]
+
+
+def never_admitted(records: list) -> list:
+    return [r for r in records if r.decode and r.admitted_s is None]
+
+
+@pytest.mark.parametrize(
+    ("field", "stuck"),
+    [("host_router_request_s", never_forwarded), ("host_decode_request_s", never_admitted)],
+    ids=["in-the-router", "in-the-decode-node-http-thread"],
+)
+def test_a_client_that_goes_away_while_its_request_waits_in_a_single_threaded_process(field, stuck):
+    # The router (or the decode node's HTTP thread) takes 50 ms per request; every client
+    # gives up 0.12 s after it sent: of eight requests that arrive together the last ones
+    # are still queued there then, end aborted and never reach a node's engine; nothing is
+    # left in the node, held or counted in flight.
     config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=256)
     reqs = [SimRequest.of_tokens(f"r{i}", 0.0, [5 + i] * 64, 50) for i in range(8)]
-    profile = dataclasses.replace(H100, host_cores=2, host_router_request_s=0.05)
+    profile = dataclasses.replace(H100, host_cores=2, **{field: 0.05})
     cluster = Cluster(config, SHAPE, profile, faults=Faults(abort_share=1.0, abort_after_s=0.12))
     records = cluster.run(reqs)
-    never_forwarded = [r for r in records if not r.decode]
-    assert never_forwarded and all(r.outcome == "aborted" for r in never_forwarded)
+    assert stuck(records) and all(r.outcome == "aborted" for r in stuck(records))
     assert all(r.outcome in ("aborted", "finished") for r in records)
-    cluster.check_integrity()
-    assert cluster.num_held_blocks == 0
-    assert all(w.inflight == 0 for w in cluster.router.pool.workers.values())
-
-
-def test_a_decode_node_s_http_thread_takes_a_burst_one_request_after_the_other():
-    # Six requests arrive together at the only decode node of a two-core host; its HTTP
-    # thread takes 30 ms per request before the engine sees it, so the k-th is admitted no
-    # earlier than (k+1) x 30 ms after the burst, and the router, done at once, has routed
-    # all six before the node admitted the first.
-    config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=256)
-    reqs = [SimRequest.of_tokens(f"r{i}", 1.0, [5 + i] * 64, 2) for i in range(6)]
-    profile = dataclasses.replace(H100, host_cores=2, host_decode_request_s=0.03)
-    cluster = Cluster(config, SHAPE, profile)
-    records = cluster.run(reqs)
-    admitted = sorted(r.admitted_s - r.arrival_s for r in records)
-    for k, delay in enumerate(admitted):
-        assert delay >= (k + 1) * 0.03 - 1e-9
-    assert cluster.decodes[0].front.busy_s == pytest.approx(6 * 0.03)
-    assert all(r.outcome == "finished" for r in records)
-    # with cores of its own (no host simulated) the node's HTTP work costs nothing
-    own = dataclasses.replace(H100, host_decode_request_s=0.03)
-    assert [r.admitted_s for r in Cluster(config, SHAPE, own).run(reqs)] == [
-        r.admitted_s for r in Cluster(config, SHAPE, H100).run(reqs)
-    ]
-
-
-def test_a_client_that_goes_away_while_its_request_waits_in_a_decode_node_s_http_thread():
-    # The decode node's HTTP thread takes 50 ms per request; every client gives up 0.12 s
-    # after it sent: the last of eight requests are still queued there, are never added to
-    # the engine, and nothing is left held or counted in flight.
-    config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=256)
-    reqs = [SimRequest.of_tokens(f"r{i}", 0.0, [5 + i] * 64, 50) for i in range(8)]
-    profile = dataclasses.replace(H100, host_cores=2, host_decode_request_s=0.05)
-    cluster = Cluster(config, SHAPE, profile, faults=Faults(abort_share=1.0, abort_after_s=0.12))
-    records = cluster.run(reqs)
-    never_admitted = [r for r in records if r.decode and r.admitted_s is None]
-    assert never_admitted and all(r.outcome == "aborted" for r in never_admitted)
     assert not cluster.decodes[0].streams  # no request left in the node
     cluster.check_integrity()
     assert cluster.num_held_blocks == 0
