@@ -20,7 +20,7 @@ validation slice is the `--num-requests` after it, never seen by the fit):
   sequence from the process's CPU over back-to-back steps (`fit_host_overhead`, into
   `decode_*` / `prefill_*_overhead_s`); a role whose steps seldom run back to back (the
   prefill workers, whose loops wait for writes after most steps) gets its process's CPU
-  beyond the runner shared out per step (`mean_host_overhead`).
+  beyond the runner shared out per step (`fit_role_overhead`).
 - `step` / `token`: the CPU time the decode processes spent beyond the simulated engine time
   (from /proc), charged per decode step (`step_overhead_s`) or per token
   (`token_overhead_s`), on the shipped profile.
@@ -64,11 +64,7 @@ from replay_client import refused, replay, sent_only
 
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
-from tandem.sim.calibration import (
-    fit_host_overhead,
-    fit_logged_profile,
-    mean_host_overhead,
-)
+from tandem.sim.calibration import fit_logged_profile, fit_role_overhead
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.interference import fit_interference, prefill_overlaps, without_interference
 from tandem.sim.profiles import DeviceProfile, load_profile
@@ -252,17 +248,19 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
     one_short, one_parsed = cpu_of(1, 1), cpu_of(0, 1)
     parsed["client"], one_parsed["client"] = sent_cpu(num_requests), sent_cpu(1)
     out, extra = {}, num_requests - 1
-    for k in ("router", "client"):
+
+    def per_token_and_request(k: str) -> tuple[float, float]:
         token_s = max(0.0, longer[k] - short[k]) / (num_requests * (long - 1))
-        request_s = max(0.0, (short[k] - one_short[k]) / extra - token_s)
+        return token_s, max(0.0, (short[k] - one_short[k]) / extra - token_s)
+
+    for k in ("router", "client"):
+        token_s, request_s = per_token_and_request(k)
         before = min(request_s, max(0.0, parsed[k] - one_parsed[k]) / extra)
         out[k] = {"request_s": before, "finish_s": request_s - before, "token_s": token_s}
     # the decode nodes' HTTP threads (no refused request reaches them): all of a request's
     # work there is charged before its engine takes it; their work per record is in the
     # decode steps' fitted overhead (the process's CPU over back-to-back steps)
-    k = "decode_http"
-    token_s = max(0.0, longer[k] - short[k]) / (num_requests * (long - 1))
-    out["decode"] = {"request_s": max(0.0, (short[k] - one_short[k]) / extra - token_s)}
+    out["decode"] = {"request_s": per_token_and_request("decode_http")[1]}
     return out
 
 
@@ -389,9 +387,7 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
     }
     for role in ("decode", "prefill"):
         mine = [r for role_of, steps in logs.values() if role_of == role for r in steps]
-        step_s, seq_s = fit_host_overhead(mine)
-        if (step_s, seq_s) == (0.0, 0.0):  # too few back-to-back steps: the process's CPU
-            step_s = mean_host_overhead(mine, real["cpu_s"].get(role, 0.0))
+        step_s, seq_s = fit_role_overhead(mine, real["cpu_s"].get(role, 0.0))
         fitted = dataclasses.replace(
             fitted, **{f"{role}_step_overhead_s": step_s, f"{role}_seq_overhead_s": seq_s}
         )

@@ -121,3 +121,14 @@ def mean_host_overhead(records: Sequence[Mapping[str, float]], process_cpu_s: fl
         return 0.0
     runner = sum(r["execute_cpu_s"] for r in records)
     return max(0.0, process_cpu_s - runner) / len(records)
+
+
+def fit_role_overhead(
+    records: Sequence[Mapping[str, float]], process_cpu_s: float
+) -> tuple[float, float]:
+    """A node's (per step, per sequence) work outside the runner: fitted on its cycles
+    (`fit_host_overhead`) where it has `MIN_CYCLES`, else its process's CPU beyond the
+    runner per step (`mean_host_overhead`) and nothing per sequence."""
+    if sum(1 for r in records if r.get("cycle_cpu_s") is not None) >= MIN_CYCLES:
+        return fit_host_overhead(records)
+    return mean_host_overhead(records, process_cpu_s), 0.0

@@ -13,6 +13,7 @@ from tandem.sim.calibration import (
     fit_host_overhead,
     fit_logged_profile,
     fit_profile,
+    fit_role_overhead,
     logged_step,
     mean_host_overhead,
     nonnegative_lstsq,
@@ -106,3 +107,12 @@ def test_a_node_with_few_cycles_shares_its_process_cpu_beyond_the_runner_over_it
     assert mean_host_overhead(records, runner + 0.02) == pytest.approx(0.005)
     assert mean_host_overhead(records, runner / 2) == 0.0  # clock ticks round the process's
     assert mean_host_overhead([], 1.0) == 0.0
+    # too few cycles: the process's share; enough: the cycles' fit, even where it is zero
+    assert fit_role_overhead(records, runner + 0.02) == (pytest.approx(0.005), 0.0)
+    shape, truth = SHAPES["llama-3-8b"], cpu_truth()
+    model = StepTimeModel(shape, truth)
+    cycled = [
+        log_record(step, model.step_time(step), model.step_time(step))
+        for step in random_steps(4, MIN_CYCLES)
+    ]
+    assert fit_role_overhead(cycled, 1e3) == pytest.approx((0.0, 0.0), abs=1e-9)
