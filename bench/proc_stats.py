@@ -6,6 +6,8 @@ waiting for one)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,18 +39,24 @@ def thread_seconds(root: int, field: int) -> dict[str, float]:
     """Summed over the live threads of `root`'s process tree (by role) and of this process
     (the client), a field of /proc/PID/task/TID/schedstat in seconds: 0 their time on a
     core so far, 1 their time runnable but waiting for a core (what contention cost them,
-    which CPU time does not show). A thread that has ended no longer counts. `decode_http`:
-    the decode processes' main threads alone (their HTTP servers)."""
-    out: dict[str, float] = {"client": _task_stat(os.getpid(), field)}
+    which CPU time does not show); field 2, the times they got a core, is a count. A
+    thread that has ended no longer counts. `decode_http`: the decode processes' main
+    threads alone (their HTTP servers); `router_main`, `client_main`: the event loops'
+    threads alone (without ZeroMQ's and the executors' threads)."""
+    scale = 1.0 if field == 2 else 1e-9
+    me = os.getpid()
+    out = {"client": _task_stat(me, field), "client_main": _task_stat(me, field, me)}
     for pid, role in _tree_roles(root).items():
         out[role] = out.get(role, 0.0) + _task_stat(pid, field)
         if role == "decode":  # its main thread runs the HTTP server (uvicorn)
             out["decode_http"] = out.get("decode_http", 0.0) + _task_stat(pid, field, pid)
-    return out
+        if role == "router":
+            out["router_main"] = out.get("router_main", 0.0) + _task_stat(pid, field, pid)
+    return {k: v * scale for k, v in out.items()}
 
 
-def _task_stat(pid: int, field: int, tid: int | None = None) -> float:
-    """Over the process's threads, or over thread `tid` alone."""
+def _task_stat(pid: int, field: int, tid: int | None = None) -> int:
+    """Over the process's threads, or over thread `tid` alone (in the field's unit)."""
     total = 0
     tasks = [Path(f"/proc/{pid}/task/{tid}")] if tid else Path(f"/proc/{pid}/task").glob("*")
     for task in tasks:
@@ -56,7 +64,7 @@ def _task_stat(pid: int, field: int, tid: int | None = None) -> float:
             total += int((task / "schedstat").read_text().split()[field])
         except (OSError, IndexError, ValueError):
             continue  # the thread ended, or the kernel keeps no schedstat
-    return total / 1e9
+    return total
 
 
 def _tree_roles(root: int) -> dict[int, str]:
@@ -81,3 +89,23 @@ def _tree_roles(root: int) -> dict[int, str]:
         roles = ("router", "decode", "prefill")
         out[pid] = next((r for r in roles if f"tandem.{r}" in cmd), "serve")
     return out
+
+
+def time_slice(seconds: float = 1.0) -> float:
+    """The kernel's time slice here: how long, on average, a thread that never waits keeps
+    a core while as many others as twice the cores want one (processes that only spin,
+    their time on a core over the times they got one, from schedstat)."""
+    spin = (
+        f"import time\nend = time.perf_counter() + {seconds}\nwhile time.perf_counter() < end: pass"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * os.cpu_count())]
+    time.sleep(seconds * 0.9)  # all of them still spinning
+    stats = [_schedstat(p.pid) for p in procs]
+    for p in procs:
+        p.wait()
+    run, slices = (sum(s[i] for s in stats) for i in (0, 2))
+    return run / 1e9 / max(slices, 1)
+
+
+def _schedstat(pid: int) -> list[int]:
+    return [int(x) for x in Path(f"/proc/{pid}/schedstat").read_text().split()]

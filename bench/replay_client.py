@@ -122,36 +122,51 @@ async def refused(
         await at_arrivals(requests, one)
 
 
+async def unanswered(
+    base: str,
+    requests: list[SimRequest],
+    server: SilentServer,
+    on_start: Callable[[], None] = lambda: None,
+    on_received: Callable[[], None] = lambda: None,
+    bound_s: float = 60.0,
+) -> None:
+    """Send each request at its arrival time, streamed as `replay` sends them, to `base`,
+    from which no answer comes: `server` itself, or a router that forwards to it. Returns
+    once `server` has every body (`on_received` called then, before the requests are
+    dropped); TimeoutError after `bound_s`. `on_start` as in `replay`."""
+    target = server.num_posts + len(requests)
+    async with http_client() as http:
+        model = await warm_connections(http, base, min(len(requests), MAX_WARM_CONNECTIONS))
+        bodies = {id(r): _body(model, r, r.num_output_tokens) for r in requests}
+        on_start()
+
+        async def one(r: SimRequest) -> None:
+            headers = {"content-type": "application/json"}
+            url = f"{base}/v1/completions"
+            async with http.stream("POST", url, content=bodies[id(r)], headers=headers):
+                pass  # never reached: no reply comes
+
+        sending = asyncio.create_task(at_arrivals(requests, one))
+        try:
+            if not await asyncio.to_thread(server.wait_for_posts, target, bound_s):
+                raise TimeoutError(f"the silent server had {server.num_posts}/{target} bodies")
+            on_received()
+        finally:
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+
+
 async def sent_only(requests: list[SimRequest], bound_s: float = 60.0) -> float:
     """This thread's CPU seconds to send each request at its arrival time, streamed as
     `replay` sends them, to a server that reads them and never answers
     (`SilentServer`): from the clock's start (connections open, bodies encoded) until the
     server has every body. What the client does before a request reaches the router."""
-    loop = asyncio.get_running_loop()
-    received = asyncio.Event()
+    clock: list[float] = []
 
-    def on_post(count: int) -> None:
-        if count == len(requests):
-            loop.call_soon_threadsafe(received.set)
+    def tick() -> None:
+        clock.append(time.thread_time())
 
-    with SilentServer(on_post) as server:
-        async with http_client() as http:
-            n = min(len(requests), MAX_WARM_CONNECTIONS)
-            model = await warm_connections(http, server.base, n)
-            bodies = {id(r): _body(model, r, r.num_output_tokens) for r in requests}
-            start = time.thread_time()
-
-            async def one(r: SimRequest) -> None:
-                headers = {"content-type": "application/json"}
-                url = f"{server.base}/v1/completions"
-                async with http.stream("POST", url, content=bodies[id(r)], headers=headers):
-                    pass  # never reached: no reply comes
-
-            sending = asyncio.create_task(at_arrivals(requests, one))
-            try:
-                await asyncio.wait_for(received.wait(), bound_s)
-                return time.thread_time() - start
-            finally:
-                sending.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sending
+    with SilentServer() as server:
+        await unanswered(server.base, requests, server, tick, tick, bound_s)
+    return clock[1] - clock[0]

@@ -32,7 +32,11 @@ runner CPU plus its role's fitted work outside the runner, and the router's and 
 CPU (each a single-threaded process in the simulation), leaving the nodes' work between
 steps, other tenants and the supervisor; otherwise less the prefill and decode processes'
 CPU (`step`, `token`, or no fit slice). The simulated nodes share the host's cores with it
-and with each other by processor sharing (`sim/shared_cores.py`).
+and with each other in time slices (`--cores sliced`, `sim/sliced_cores.py`: the kernel's
+slice measured before each run, `proc_stats.time_slice`, and with `log` each engine
+thread's run inside its steps from the step logs' switch counts) or evenly
+(`--cores shared`, processor sharing, `sim/shared_cores.py`); each run is simulated both
+ways and both tables printed.
 
 Besides the latencies it prints what the decode nodes measured themselves (their mean
 inter-token latency, their steps) and the CPU seconds of each process of the deployment,
@@ -57,14 +61,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.disagg.nodes
 
+from forward_probe import forward_cpu
 from local_serve import local_serve, worker_entries
 from machine import describe_host
-from proc_stats import cpu_seconds, host_busy, thread_seconds
+from proc_stats import cpu_seconds, host_busy, thread_seconds, time_slice
 from replay_client import refused, replay, sent_only
 
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
-from tandem.sim.calibration import fit_logged_profile, fit_role_overhead
+from tandem.sim.calibration import engine_run_length, fit_logged_profile, fit_role_overhead
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.interference import fit_interference, prefill_overlaps, without_interference
 from tandem.sim.profiles import DeviceProfile, load_profile
@@ -116,6 +121,14 @@ def parse_args() -> argparse.Namespace:
         help="before each run, wait (at most 15 min) until the 1-minute load average is "
         "below this (0: do not wait)",
     )
+    p.add_argument(
+        "--cores",
+        choices=("sliced", "shared"),
+        default="sliced",
+        help="the simulated host's cores: in time slices (the kernel's, measured before each "
+        "run, and the engine threads' runs from the step logs) or shared evenly; the other "
+        "is simulated too and its errors printed",
+    )
     p.add_argument("--out", default=None, help="write every run's figures as JSON")
     return p.parse_args()
 
@@ -140,15 +153,20 @@ def run_real(args, model: str, slices: list[list[SimRequest]]) -> list[dict[str,
         "--threads", "1",
     ]  # fmt: skip
     base = f"http://127.0.0.1:{args.port}"
+    # the router's forwarding, on a router of its own (the same flags as serve's)
+    router_args = ["--policy", args.policy, "--max-model-len", str(args.max_model_len)]
+    forward_s = forward_cpu(model, [*router_args, "--log-level", "warning"])
     with local_serve(command, base, args.prefill + args.decode) as proc:
-        return _replay_slices(base, proc.pid, slices)
+        return _replay_slices(base, proc.pid, slices, forward_s)
 
 
-def _replay_slices(base: str, root: int, slices: list[list[SimRequest]]) -> list[dict]:
+def _replay_slices(
+    base: str, root: int, slices: list[list[SimRequest]], forward_s: float
+) -> list[dict]:
     # untimed: first steps, and the decode nodes' connections to the prefill workers
     warm = [SimRequest.of_tokens(f"w{i}", 0.0, [7 + i] * 64, 4) for i in range(8)]
     asyncio.run(replay(base, warm))
-    relay = relay_probe(base, root)
+    relay = relay_probe(base, root, forward_s)
     out = []
     for requests in slices:
         phases_before, last_steps = router_phases(base), last_step_seqs(base)
@@ -208,7 +226,9 @@ def node_counters(base: str) -> dict[str, float]:
     return out
 
 
-def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) -> dict:
+def relay_probe(
+    base: str, root: int, forward_s: float, num_requests: int = 24, long: int = 65
+) -> dict:
     """The router's and the client's CPU each, per request and per token relayed: the same
     prompts (320 tokens) served with 1 output token and with `long`, a few at a time, their
     CPU over each set (the router's threads' to the nanosecond, `thread_seconds`, where
@@ -222,8 +242,9 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
     client what sending one costs (`sent_cpu`: a refused request's cost would include
     reading and parsing the answer, which a streamed request does only later; charged
     before forwarding, it held a burst's later requests back in the simulated client by
-    about twice what sending takes); the rest (`finish_s`) is charged when the request
-    ends."""
+    about twice what sending takes). Of the router's rest, `forward_s` (routing and
+    forwarding beyond parsing, `forward_probe.forward_cpu`) is its turn after the
+    decision; what remains (`finish_s`) is charged when the request ends."""
 
     def cpu_of(num_output: int, n: int = num_requests) -> dict[str, float]:
         requests = [
@@ -257,6 +278,8 @@ def relay_probe(base: str, root: int, num_requests: int = 24, long: int = 65) ->
         token_s, request_s = per_token_and_request(k)
         before = min(request_s, max(0.0, parsed[k] - one_parsed[k]) / extra)
         out[k] = {"request_s": before, "finish_s": request_s - before, "token_s": token_s}
+    forward_s = min(forward_s, out["router"]["finish_s"])
+    out["router"] |= {"forward_s": forward_s, "finish_s": out["router"]["finish_s"] - forward_s}
     # the decode nodes' HTTP threads (no refused request reaches them): all of a request's
     # work there is charged before its engine takes it; their work per record is in the
     # decode steps' fitted overhead (the process's CPU over back-to-back steps)
@@ -388,19 +411,29 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
     for role in ("decode", "prefill"):
         mine = [r for role_of, steps in logs.values() if role_of == role for r in steps]
         step_s, seq_s = fit_role_overhead(mine, real["cpu_s"].get(role, 0.0))
+        run_s = engine_run_length(mine)
         fitted = dataclasses.replace(
-            fitted, **{f"{role}_step_overhead_s": step_s, f"{role}_seq_overhead_s": seq_s}
+            fitted,
+            **{
+                f"{role}_step_overhead_s": step_s,
+                f"{role}_seq_overhead_s": seq_s,
+                f"host_{role}_run_s": run_s,
+            },
         )
-        record[role] = f"{1e3 * step_s:.3f} ms + {1e3 * seq_s:.3f} ms/seq"
+        record[role] = (
+            f"{1e3 * step_s:.3f} ms + {1e3 * seq_s:.3f} ms/seq, runs {1e3 * run_s:.2f} ms"
+        )
     for process, cost in real["relay_probe"].items():  # router, client, decode (HTTP)
         if process == "decode":
             record["decode_http"] = f"{1e3 * cost['request_s']:.2f} ms/request"
         else:
-            record[process] = (
-                f"{1e3 * cost['request_s']:.2f} ms/request before forwarding + "
-                f"{1e3 * cost['finish_s']:.2f} ms at its end + "
-                f"{1e3 * cost['token_s']:.3f} ms/token"
-            )
+            first = "before routing" if process == "router" else "sending"
+            parts = [f"{1e3 * cost['request_s']:.2f} ms/request {first}"]
+            if "forward_s" in cost:
+                parts.append(f"{1e3 * cost['forward_s']:.2f} ms forwarding")
+            parts.append(f"{1e3 * cost['finish_s']:.2f} ms at its end")
+            parts.append(f"{1e3 * cost['token_s']:.3f} ms/token")
+            record[process] = " + ".join(parts)
         fitted = dataclasses.replace(fitted, **{f"host_{process}_{k}": v for k, v in cost.items()})
     return fitted, record
 
@@ -448,6 +481,7 @@ def one_run(args, model: str, profile, fit_slice, requests) -> dict:
     """One real deployment (fresh `tandem serve`) replaying the fit slice and the
     validation slice, the profile fitted on the first, and the simulation of the second."""
     wait_quiet(args.max_load)
+    slice_s = time_slice()
     load_before = os.getloadavg()
     reals = run_real(args, model, [s for s in (fit_slice, requests) if s])
     load_after = os.getloadavg()
@@ -463,9 +497,14 @@ def one_run(args, model: str, profile, fit_slice, requests) -> dict:
         else:
             background = real["background_cores"]
         profile = dataclasses.replace(profile, host_background_load=background)
+    sliced = dataclasses.replace(profile, host_time_slice_s=slice_s)
+    shared = dataclasses.replace(profile, host_time_slice_s=0.0)
+    profile, other = (sliced, shared) if args.cores == "sliced" else (shared, sliced)
     return {
         "real": real,
         "sim": run_sim(args, model, profile, requests),
+        "sim_other": run_sim(args, model, other, requests),
+        "time_slice_s": slice_s,
         "fit_cpu": record,
         "fit_step_log": reals[0]["step_log"] if fit_slice else {},
         "fit_cpu_s": reals[0]["cpu_s"] if fit_slice else {},
@@ -483,10 +522,11 @@ def spread(values: list[float]) -> tuple[float, float, float]:
     return float(np.median(values)), min(values), max(values)
 
 
-def summary_table(runs: list[dict]) -> list[str]:
+def summary_table(runs: list[dict], sim: str = "sim") -> list[str]:
     """Per figure: the real median and its run-to-run range, the simulated median and
     range, the error of the simulated median against the real median, and the range of
-    the paired (same run) errors."""
+    the paired (same run) errors. `sim`: which simulation ("sim_other": the other way of
+    sharing the cores)."""
     lines = [
         "| figure | real median [min-max] | simulated median [min-max] | error of medians "
         "| paired errors [min-max] |",
@@ -495,11 +535,12 @@ def summary_table(runs: list[dict]) -> list[str]:
     for key in (*FIGURES, "tpot_token_mean", "decode_steps"):
         unit = 1.0 if key in ("throughput_rps", "decode_steps") else 1e3
         real = spread([unit * r["real"][key] for r in runs])
-        sim = spread([unit * r["sim"][key] for r in runs])
-        paired = [100 * (r["sim"][key] / r["real"][key] - 1) for r in runs]
+        simulated = spread([unit * r[sim][key] for r in runs])
+        paired = [100 * (r[sim][key] / r["real"][key] - 1) for r in runs]
         lines.append(
             f"| {key} | {real[0]:.2f} [{real[1]:.2f}-{real[2]:.2f}] "
-            f"| {sim[0]:.2f} [{sim[1]:.2f}-{sim[2]:.2f}] | {100 * (sim[0] / real[0] - 1):+.1f}% "
+            f"| {simulated[0]:.2f} [{simulated[1]:.2f}-{simulated[2]:.2f}] "
+            f"| {100 * (simulated[0] / real[0] - 1):+.1f}% "
             f"| {min(paired):+.1f}% to {max(paired):+.1f}% |"
         )
     return lines
@@ -517,7 +558,8 @@ def print_run(i: int, run: dict) -> None:
         f"run {i + 1}: load {run['load_before']:.2f} -> {run['load_after']:.2f}; "
         f"step_overhead_s {1e3 * run['step_overhead_s']:.2f} ms, token_overhead_s "
         f"{1e3 * run['token_overhead_s']:.2f} ms, background {run['host_background_load']:.2f} "
-        f"cores (other tenants {real['tenant_cores']:.2f}); fit slice CPU / engine alone "
+        f"cores (other tenants {real['tenant_cores']:.2f}); time slice "
+        f"{1e3 * run['time_slice_s']:.2f} ms; fit slice CPU / engine alone "
         f"s: {run['fit_cpu']}; real/sim (ms, req/s): {figs}; decode nodes' own ITL "
         f"{1e3 * real['node_itl_mean']:.2f} ms; CPU s over {real['duration_s']:.1f} s: "
         + ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items()))
@@ -560,6 +602,9 @@ def main() -> None:
           + ", ".join(f"{r['load_before']:.2f}" for r in runs)
           + "; after: " + ", ".join(f"{r['load_after']:.2f}" for r in runs))  # fmt: skip
     print("\n".join(summary_table(runs)))
+    other = "shared evenly" if args.cores == "sliced" else "in time slices"
+    print(f"\nthe same runs simulated with the host's cores {other}:")
+    print("\n".join(summary_table(runs, "sim_other")))
     if args.out:
         Path(args.out).write_text(json.dumps(runs, indent=2))
 

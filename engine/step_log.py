@@ -9,10 +9,17 @@ remainder against the batch size. `GET /debug/steps` serves the log.
 
 A cycle is measured only between two steps with no wait between them (the loop stayed
 busy); a step after which the loop may wait keeps `cycle_s` None.
+
+`execute_switches` counts the times the engine thread left its core inside the model
+runner (it waited for the interpreter lock, which the HTTP thread takes to stream records,
+or the kernel gave the core to other work): on a host whose cores other processes share,
+how long the engine runs before it yields, which the simulator's time slices take
+(`sim/sliced_cores.py`).
 """
 
 from __future__ import annotations
 
+import resource
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -65,8 +72,25 @@ class StepRecord:
     start_s: float  # the host's monotonic clock when the model runner started
     execute_s: float  # wall inside the model runner
     execute_cpu_s: float  # the engine thread's CPU inside the model runner
+    execute_switches: int | None  # the engine thread's context switches inside it (Linux)
     cycle_s: float | None = None  # wall, this step's start to the next one's
     cycle_cpu_s: float | None = None  # the process's CPU (all threads) over the same
+    cycle_thread_cpu_s: float | None = None  # the engine thread's CPU over the same
+    cycle_switches: int | None = None  # the engine thread's context switches over the same
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """A step's start on the clocks its record needs."""
+
+    wall: float  # the host's monotonic clock
+    cpu: float  # the process's CPU
+    thread: float  # the engine thread's CPU
+    switches: int | None  # the engine thread's context switches
+
+    @classmethod
+    def now(cls) -> Clocks:
+        return cls(time.monotonic(), time.process_time(), time.thread_time(), thread_switches())
 
 
 class StepLog:
@@ -75,20 +99,22 @@ class StepLog:
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._records: deque[StepRecord] = deque(maxlen=capacity)
         self._seq = 0
-        self._open: tuple[StepRecord, float, float] | None = None  # (record, wall, cpu)
+        self._open: tuple[StepRecord, Clocks] | None = None  # the cycle and its start
 
-    def begin(self) -> tuple[float, float, float]:
+    def begin(self) -> Clocks:
         """A step starts: close the previous cycle; returns the clocks `end` needs."""
-        wall, cpu = time.monotonic(), time.process_time()
+        clocks = Clocks.now()
         if self._open is not None:
-            record, wall0, cpu0 = self._open
-            record.cycle_s, record.cycle_cpu_s = wall - wall0, cpu - cpu0
-        return wall, cpu, time.thread_time()
+            record, start = self._open
+            record.cycle_s, record.cycle_cpu_s = clocks.wall - start.wall, clocks.cpu - start.cpu
+            record.cycle_thread_cpu_s = clocks.thread - start.thread
+            record.cycle_switches = _delta(start.switches, clocks.switches)
+        return clocks
 
-    def end(self, clocks: tuple[float, float, float], work: StepWork, num_sampled: int) -> None:
+    def end(self, clocks: Clocks, work: StepWork, num_sampled: int) -> None:
         """The step `begin` returned `clocks` for has run the model."""
-        wall, cpu, thread0 = clocks
-        thread, now = time.thread_time(), time.monotonic()
+        wall, thread0, switches0 = clocks.wall, clocks.thread, clocks.switches
+        thread, now, switches = time.thread_time(), time.monotonic(), thread_switches()
         self._seq += 1
         record = StepRecord(
             self._seq,
@@ -100,9 +126,10 @@ class StepLog:
             wall,
             now - wall,
             thread - thread0,
+            _delta(switches0, switches),
         )
         self._records.append(record)
-        self._open = (record, wall, cpu)
+        self._open = (record, clocks)
 
     def wait(self) -> None:
         """The loop may wait before its next step: the open cycle is not a cycle."""
@@ -116,3 +143,17 @@ class StepLog:
     def since(self, seq: int = 0) -> list[dict[str, object]]:
         """The records after step `seq` still in the log, oldest first."""
         return [asdict(r) for r in self._records if r.seq > seq]
+
+
+def thread_switches() -> int | None:
+    """The calling thread's context switches so far, voluntary and not (None where the
+    system does not count them per thread)."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return None
+    usage = resource.getrusage(who)
+    return usage.ru_nvcsw + usage.ru_nivcsw
+
+
+def _delta(before: int | None, after: int | None) -> int | None:
+    return None if before is None or after is None else after - before

@@ -132,3 +132,21 @@ def fit_role_overhead(
     if sum(1 for r in records if r.get("cycle_cpu_s") is not None) >= MIN_CYCLES:
         return fit_host_overhead(records)
     return mean_host_overhead(records, process_cpu_s), 0.0
+
+
+def engine_run_length(records: Sequence[Mapping[str, float]]) -> float:
+    """How long a node's engine thread runs before it leaves its core, on average: its CPU
+    over the stretches it ran in (one, and one more per context switch). Over its measured
+    cycles (`cycle_thread_cpu_s`, `cycle_switches`: the step and the loop's work up to the
+    next step, where it also waits for the interpreter lock while the HTTP thread streams
+    the step's records) where it has `MIN_CYCLES`, else inside the runner alone
+    (`execute_cpu_s`, `execute_switches`); 0 where the log has no switch counts."""
+    cycles = [r for r in records if r.get("cycle_switches") is not None]
+    if len(cycles) >= MIN_CYCLES:
+        runs = sum(1 + r["cycle_switches"] for r in cycles)
+        return sum(r["cycle_thread_cpu_s"] for r in cycles) / runs
+    counted = [r for r in records if r.get("execute_switches") is not None]
+    if not counted:
+        return 0.0
+    runs = sum(1 + r["execute_switches"] for r in counted)
+    return sum(r["execute_cpu_s"] for r in counted) / runs

@@ -19,7 +19,7 @@ from tandem.router.workers import WorkerAddress, WorkerState
 from tandem.sim.decode import SimDecode
 from tandem.sim.events import EventQueue
 from tandem.sim.faults import Faults
-from tandem.sim.host_process import HostProcess
+from tandem.sim.host_process import HostProcess, host_cores
 from tandem.sim.node import SimNode
 from tandem.sim.outages import Outages
 from tandem.sim.prefill import SimPrefill
@@ -32,7 +32,6 @@ from tandem.sim.router import (
     prefill_url,
 )
 from tandem.sim.shapes import ModelShape
-from tandem.sim.shared_cores import SharedCores
 from tandem.sim.step_model import StepTimeModel
 from tandem.sim.transfer_model import TransferModel
 from tandem.sim.workload import SimRequest
@@ -140,10 +139,7 @@ class Cluster:
         self.profile = profile
         self.faults = faults or Faults()
         self.events = EventQueue()
-        self.cores = SharedCores(
-            self.events, profile.host_cores, profile.host_background_load,
-            profile.host_interference,
-        )  # fmt: skip
+        self.cores = host_cores(self.events, profile)
         # on a CPU host, the router's event loop and the clients' (one process each)
         self.router_process = HostProcess(self.cores)
         self.client_process = HostProcess(self.cores)
@@ -262,7 +258,10 @@ class Cluster:
         request.prefill_worker = route.prefill.endpoint if route.prefill else None
         live.request = request
         alternates = [p.endpoint for p in route.alternates if p.endpoint]
-        self.send(self._deliver, live, live.attempt, alternates)
+        # the write to the decode worker is a later turn of the router's loop than the
+        # decision: the burst's next requests, the KV events that came meanwhile go first
+        work_s = self.profile.host_router_forward_s
+        self.router_process.submit(work_s, self.send, self._deliver, live, live.attempt, alternates)
 
     def _deliver(self, live: _Live, attempt: int, alternates: list[str]) -> None:
         """The request reaches the decode node at its URL now; a dead one refuses the
@@ -293,11 +292,12 @@ class Cluster:
         for live in list(self._live.values()):
             if live.node is node:
                 reset = WorkerFailed(f"{node.url}: connection reset")
-                self._to_router_loop(self._worker_failed, live, live.attempt, reset)
+                self.to_router_loop(self._worker_failed, live, live.attempt, reset)
 
-    def _to_router_loop(self, callback: Callable[..., None], *args: Any) -> None:
-        """A decode node's word reaches the router one hop later, behind the tokens its
-        event loop has not relayed yet (what a stream said before it broke comes first)."""
+    def to_router_loop(self, callback: Callable[..., None], *args: Any) -> None:
+        """A node's word (a stream's end, a batch of KV events) reaches the router one hop
+        later, behind what its event loop has not done yet (the tokens of a stream that
+        broke, the routing of requests that came before it)."""
         self.send(self.router_process.submit, 0.0, callback, *args)
 
     def _worker_failed(self, live: _Live, attempt: int, exc: WorkerFailed) -> None:
@@ -401,7 +401,7 @@ class Cluster:
             return
         if outcome == "error":
             failed = WorkerFailed("remote prefill failed", worker_at_fault=False)
-            self._to_router_loop(self._worker_failed, live, live.attempt, failed)
+            self.to_router_loop(self._worker_failed, live, live.attempt, failed)
         else:
             self._end(live, outcome, self.events.now + self.profile.network_latency_s)
 

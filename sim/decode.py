@@ -49,8 +49,9 @@ class SimDecode(SimNode):
 
     def setup_failover(self, options: DecodeOptions) -> None:
         self.failover = PrefillFailover(self.scheduler, options, self._send_abort)
-        # the node's HTTP thread: a request reaches the engine after its work there
-        self.front = HostProcess(self.cluster.cores)
+        # the node's HTTP thread: a request reaches the engine after its work there, which
+        # takes turns with the engine's steps (one process, one interpreter lock)
+        self.front = HostProcess(self.cluster.cores, process=self)
         self.streams: dict[str, Request] = {}  # the requests not ended yet
         self.down: set[str] = set()  # prefill endpoints whose connection dropped
         self.fallbacks: Counter[str] = Counter()

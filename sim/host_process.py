@@ -18,14 +18,30 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from tandem.sim.events import EventQueue
+from tandem.sim.host_cores import HostCores
+from tandem.sim.profiles import DeviceProfile
 from tandem.sim.shared_cores import SharedCores
+from tandem.sim.sliced_cores import SlicedCores
+
+
+def host_cores(events: EventQueue, profile: DeviceProfile) -> HostCores:
+    """The host's cores as `profile` has them: in time slices where it gives the slice,
+    else shared evenly."""
+    args = (events, profile.host_cores, profile.host_background_load, profile.host_interference)
+    if profile.host_time_slice_s:
+        return SlicedCores(*args, slice_s=profile.host_time_slice_s)
+    return SharedCores(*args)
 
 
 class HostProcess:
     """Owns its queue of work items; at most one of them is on the cores."""
 
-    def __init__(self, cores: SharedCores) -> None:
+    def __init__(self, cores: HostCores, process: object = None) -> None:
+        """`process`: the OS process whose interpreter lock it shares with other work (a
+        decode node's HTTP thread: the node's engine steps); None: a process of its own."""
         self.cores = cores
+        self.process = process
         self._queue: deque[tuple[float, Callable[..., None], tuple[Any, ...]]] = deque()
         self._busy = False
         self.busy_s = 0.0  # CPU seconds of work done (alone on a core)
@@ -49,7 +65,7 @@ class HostProcess:
         work_s, done, args = self._queue.popleft()
         self._busy = True
         self.busy_s += work_s
-        self.cores.start(self, work_s, self._finish, done, args)
+        self.cores.start(self, work_s, self._finish, done, args, process=self.process)
 
     def _finish(self, done: Callable[..., None], args: tuple[Any, ...]) -> None:
         self._busy = False

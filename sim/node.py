@@ -103,7 +103,9 @@ class SimNode:
         work = self.step_model.step_time(step_shape(out))
         now = self.cluster.events.now
         cores = self.cluster.cores
-        cores.start(self, work, self._end_step, out, now, self.kv.usage(), role=self.role)
+        run_s = self.cluster.profile.host_run_s(self.role)
+        args = (out, now, self.kv.usage())
+        cores.start(self, work, self._end_step, *args, role=self.role, process=self, slice_s=run_s)
         # its duration: the work alone, stretched while other steps share the host's cores
 
     def _end_step(self, out: SchedulerOutput, started_s: float, kv_usage: float) -> None:
@@ -141,7 +143,8 @@ class SimNode:
             handler(*args)
 
     def publish(self) -> None:
-        """KV events and load to the router, when anything changed (one network hop)."""
+        """KV events and load to the router, when anything changed (one network hop, then
+        the router's loop in its turn)."""
         events = self.kv.pool.events
         load = load_of(self.scheduler)
         if not events and load == self._last_load:
@@ -156,7 +159,7 @@ class SimNode:
         )
         events.clear()
         self._last_load = load
-        self.cluster.send(self.cluster.router.on_kv_events, self.url, batch)
+        self.cluster.to_router_loop(self.cluster.router.on_kv_events, self.url, batch)
 
     # -- what each role adds ------------------------------------------------------------
 

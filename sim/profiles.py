@@ -54,11 +54,15 @@ class DeviceProfile:
     prefill_step_overhead_s: float = 0.0
     prefill_seq_overhead_s: float = 0.0
     # CPU hosts: CPU seconds that the router and the clients on the same host each spend
-    # per request before the router forwards it (`request`), per request when it ends
-    # (`finish`: the rest of a request's work) and per token relayed (after each decode
-    # step); each is a single-threaded process on the host's cores (`sim/host_process.py`).
-    # 0 where they have cores of their own. Measured by bench/sim_validate.py.
+    # per request before the router routes it (`request`: sending it, parsing it), per
+    # request when it ends (`finish`: the rest of a request's work) and per token relayed
+    # (after each decode step); the router's forwarding of a request to its decode worker
+    # (`forward`) is a turn of its own after the routing decision, behind what its loop
+    # took up meanwhile. Each is a single-threaded process on the host's cores
+    # (`sim/host_process.py`). 0 where they have cores of their own. Measured by
+    # bench/sim_validate.py.
     host_router_request_s: float = 0.0
+    host_router_forward_s: float = 0.0
     host_router_finish_s: float = 0.0
     host_router_token_s: float = 0.0
     host_client_request_s: float = 0.0
@@ -81,6 +85,14 @@ class DeviceProfile:
     # step's own work (shared caches, memory bandwidth; `sim/shared_cores.py`), fitted from
     # the nodes' step logs by bench/sim_validate.py. 0 on devices of their own.
     host_interference: float = 0.0
+    # CPU hosts: the kernel's time slice (seconds a thread that never waits keeps a core
+    # while other work waits; `sim/sliced_cores.py`), and how long a decode and a prefill
+    # node's engine thread runs inside a step before it leaves its core by itself (the
+    # interpreter lock). Measured by bench/sim_validate.py. 0: the cores are shared
+    # evenly all the time (processor sharing, `sim/shared_cores.py`).
+    host_time_slice_s: float = 0.0
+    host_decode_run_s: float = 0.0
+    host_prefill_run_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "mem_bandwidth", "kv_link_bandwidth"):
@@ -93,6 +105,11 @@ class DeviceProfile:
         for name in host:
             if getattr(self, name) < 0:
                 raise ValueError(f"profile {self.name!r}: {name} must not be negative")
+
+    def host_run_s(self, role: str) -> float | None:
+        """How long a `role` node's engine thread runs before it yields its core (None:
+        until the kernel's slice ends)."""
+        return {"decode": self.host_decode_run_s, "prefill": self.host_prefill_run_s}[role] or None
 
     def host_overhead(self, role: str) -> tuple[float, float]:
         """(per step, per sequence) seconds of a `role` node's work outside the model."""

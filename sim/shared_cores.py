@@ -7,7 +7,11 @@ model, missed both). With `cores` 0 every node has a device of its own: steps ta
 time alone.
 
 Single-threaded processes on the host (the router, the clients: `sim/host_process.py`) take
-one share while they work, as a node does while it steps.
+one share while they work, as a node does while it steps. Work of two threads of one
+Python process (a decode node's HTTP thread and its engine thread: `process`) takes one
+share between them: a thread runs Python only while it holds the process's interpreter
+lock, so the two take turns on one core whatever the host has free (the engine's model
+work, which would run beside the lock, is a small part of a step on this model).
 
 Steps on one host also slow each other down beyond their share of the cores: a prefill
 step's matrix products evict a decode step's weights and KV from the shared caches and take
@@ -18,91 +22,51 @@ a decode step's runner CPU against the prefill steps overlapping it).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections import Counter
 
-from tandem.sim.events import EventQueue
+from tandem.sim.host_cores import HostCores, Work
 
 
-@dataclass
-class _Step:
-    work_s: float  # left, in seconds alone
-    done: Callable[..., None]
-    args: tuple[Any, ...]
-    role: str = ""  # "prefill", "decode", or "" for a host process's work
-
-
-class SharedCores:
-    """The steps in progress on the host and their common rate."""
-
-    def __init__(
-        self, events: EventQueue, cores: int, background: float = 0.0, interference: float = 0.0
-    ) -> None:
-        self.events = events
-        self.cores = cores
-        self.background = background
-        self.interference = interference
-        self._steps: dict[int, _Step] = {}  # by owner id
-        self._since = 0.0  # when the work left was last brought up to date
-        self._generation = 0  # end events of an older generation are stale
-
-    @property
-    def num_stepping(self) -> int:
-        return len(self._steps)
+class SharedCores(HostCores):
+    """The work in progress on the host and its common rate."""
 
     def rate(self) -> float:
-        """Speed of each step now, against the step alone on a core (a decode step's
-        interference aside, `rate_of`)."""
-        if not self.cores or not self._steps:
+        """Speed now of a step alone in its process, against the step alone on a core (a
+        decode step's interference aside, `rate_of`): each process with work in progress
+        takes one share."""
+        if not self.cores or not self._work:
             return 1.0
-        return min(1.0, self.cores / (len(self._steps) + self.background))
+        processes = len({work.process for work in self._work.values()})
+        return min(1.0, self.cores / (processes + self.background))
 
     def rate_of(self, role: str) -> float:
-        """Speed now of a step of `role`: its share of the cores, less the interference of
-        the prefill steps beside a decode step."""
-        if role != "decode" or not self.interference:
-            return self.rate()
-        prefills = sum(1 for step in self._steps.values() if step.role == "prefill")
-        return self.rate() / (1.0 + self.interference * prefills)
+        """Speed now of a step of `role` alone in its process: its share of the cores, less
+        the interference of the prefill steps beside a decode step."""
+        prefills = sum(1 for work in self._work.values() if work.role == "prefill")
+        return self.slowed(self.rate(), role, prefills)
 
-    def start(
-        self, owner: object, work_s: float, done: Callable[..., None], *args: Any, role: str = ""
-    ) -> None:
-        """`owner` starts a step of `work_s` seconds alone; `done(*args)` at its end."""
-        if not self.cores:
-            self.events.after(work_s, done, *args)
-            return
-        self._advance()
-        self._steps[id(owner)] = _Step(work_s, done, args, role)
-        self._reschedule()
+    def _speeds(self) -> dict[int, float]:
+        """Each step's speed now: its role's, shared with the other steps of its process."""
+        by_role = {role: self.rate_of(role) for role in ("", "prefill", "decode")}
+        sharing = Counter(work.process for work in self._work.values())
+        return {k: by_role[w.role] / sharing[w.process] for k, w in self._work.items()}
 
-    def stop(self, owner: object) -> None:
-        """`owner` died in the middle of its step: it no longer takes a share."""
-        if id(owner) in self._steps:
-            self._advance()
-            del self._steps[id(owner)]
-            self._reschedule()
+    def _added(self, key: int) -> None:
+        pass  # it takes its share from now on
 
-    def _advance(self) -> None:
-        now, rates = self.events.now, self._rates()
-        for step in self._steps.values():
-            step.work_s = max(0.0, step.work_s - (now - self._since) * rates[step.role])
-        self._since = now
+    def _removed(self, key: int, work: Work) -> None:
+        pass  # its share goes to the rest
 
     def _reschedule(self) -> None:
         self._generation += 1
-        rates = self._rates()
-        for key, step in self._steps.items():
-            self.events.after(step.work_s / rates[step.role], self._end, key, self._generation)
+        speeds = self._speeds()
+        for key, work in self._work.items():
+            self.events.after(work.work_s / speeds[key], self._end, key, self._generation)
 
-    def _rates(self) -> dict[str, float]:
-        return {role: self.rate_of(role) for role in ("", "prefill", "decode")}
-
-    def _end(self, key: object, generation: int) -> None:
+    def _end(self, key: int, generation: int) -> None:
         if generation != self._generation:
             return
         self._advance()
-        step = self._steps.pop(key)
+        work = self._work.pop(key)
         self._reschedule()
-        step.done(*step.args)
+        work.done(*work.args)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
+
 from tandem.engine.step_log import StepLog, StepWork, attention_pairs
 
 
-def run_step(log: StepLog, num_seqs: int, spin: int = 0) -> None:
+def run_step(log: StepLog, num_seqs: int, spin: int = 0, sleeps: int = 0) -> None:
     clocks = log.begin()
     sum(range(spin))  # some CPU inside the "model"
+    for _ in range(sleeps):  # the thread leaves its core, as for the interpreter lock
+        time.sleep(0.001)
     work = StepWork.of([2] * num_seqs, [10] * num_seqs)
     log.end(clocks, work, num_sampled=num_seqs)
 
@@ -59,3 +63,18 @@ def test_attention_pairs_count_causal_query_key_pairs():
         assert attention_pairs(num_new, context_len) == brute(num_new, context_len)
     work = StepWork.of([3, 1], [3, 9])
     assert work == StepWork(2, 4, 12, 6 + 9)
+
+
+def test_a_step_counts_the_times_its_thread_left_the_core():
+    log = StepLog()
+    run_step(log, 1, sleeps=3)
+    (record,) = log.since()
+    # each sleep is a switch; the kernel may add preemptions on a busy host, never fewer
+    assert record["execute_switches"] >= 3
+    assert record["cycle_switches"] is None  # its cycle has not ended
+    time.sleep(0.001)  # the loop's work after the step: one more switch
+    run_step(log, 1)
+    first = log.since()[0]
+    assert first["cycle_switches"] >= first["execute_switches"] + 1
+    # the engine thread's CPU over the cycle holds the runner's
+    assert first["cycle_thread_cpu_s"] >= first["execute_cpu_s"]

@@ -10,6 +10,7 @@ import pytest
 
 from tandem.sim.calibration import (
     MIN_CYCLES,
+    engine_run_length,
     fit_host_overhead,
     fit_logged_profile,
     fit_profile,
@@ -116,3 +117,23 @@ def test_a_node_with_few_cycles_shares_its_process_cpu_beyond_the_runner_over_it
         for step in random_steps(4, MIN_CYCLES)
     ]
     assert fit_role_overhead(cycled, 1e3) == pytest.approx((0.0, 0.0), abs=1e-9)
+
+
+def test_an_engine_thread_runs_its_runner_cpu_over_the_stretches_it_ran_in():
+    # 4 ms in four stretches (three switches) and 2 ms in one; a record without switch
+    # counts (another system) is left out, and a log of only those gives 0 (not measured)
+    records = [
+        {"execute_cpu_s": 0.004, "execute_switches": 3},
+        {"execute_cpu_s": 0.002, "execute_switches": 0},
+        {"execute_cpu_s": 0.010, "execute_switches": None},
+    ]
+    assert engine_run_length(records) == pytest.approx(0.006 / 5)
+    assert engine_run_length(records[2:]) == 0.0
+    # with enough measured cycles, the engine thread's CPU and switches over its cycles
+    cycles = [
+        {**records[0], "cycle_thread_cpu_s": 0.005, "cycle_switches": 4} for _ in range(MIN_CYCLES)
+    ]
+    assert engine_run_length(cycles + records) == pytest.approx(0.005 / 5)
+    # one cycle short: back to the runner alone, over every record that counted switches
+    runner_cpu, runs = (MIN_CYCLES - 1) * 0.004 + 0.006, (MIN_CYCLES - 1) * 4 + 5
+    assert engine_run_length(cycles[1:] + records) == pytest.approx(runner_cpu / runs)

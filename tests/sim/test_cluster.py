@@ -105,16 +105,23 @@ def test_an_unknown_policy_is_refused():
         Cluster(ClusterConfig(policy="random"), SHAPE, H100)
 
 
-def test_nodes_sharing_host_cores_take_longer_than_nodes_with_devices_of_their_own():
+@pytest.mark.parametrize(
+    "sliced", [{}, {"host_time_slice_s": 0.003, "host_decode_run_s": 0.001}], ids=["even", "sliced"]
+)
+def test_nodes_sharing_host_cores_take_longer_than_nodes_with_devices_of_their_own(sliced):
     reqs = synthetic(40, 100.0, (200, 400), (5, 20), SHAPE.vocab_size, seed=5)
     config = ClusterConfig(num_prefill=2, num_decode=2)
     ttft = {}
     for cores, background in ((0, 0.0), (1, 0.0), (1, 2.0)):
-        profile = dataclasses.replace(H100, host_cores=cores, host_background_load=background)
+        profile = dataclasses.replace(
+            H100, host_cores=cores, host_background_load=background, **sliced
+        )
         cluster = Cluster(config, SHAPE, profile)
         records = cluster.run(reqs)
         ttft[cores, background] = sum(r.first_token_s - r.arrival_s for r in records)
         assert cluster.cores.num_stepping == 0
+        assert all(r.outcome == "finished" for r in records)
+        cluster.check_integrity()
     # other tenants' threads on the same core slow every step further
     assert ttft[1, 2.0] > ttft[1, 0.0] > ttft[0, 0.0]
 
@@ -172,6 +179,24 @@ def test_a_single_threaded_process_takes_a_burst_one_request_after_the_other(
     assert [r.admitted_s for r in Cluster(config, SHAPE, own).run(reqs)] == [
         r.admitted_s for r in Cluster(config, SHAPE, H100).run(reqs)
     ]
+
+
+def test_the_router_routes_a_burst_before_it_forwards_any_of_it():
+    # Four requests reach the router together; it parses each (10 ms) and routes it, and
+    # writes it to its decode node in a later turn (5 ms), behind the parsing of the rest:
+    # no request reaches a decode node before the last one is routed, so every decision
+    # sees the others only as the router's own in-flight counts, and they alternate.
+    config = ClusterConfig(num_prefill=1, num_decode=2, num_kv_blocks=256)
+    reqs = [SimRequest.of_tokens(f"r{i}", 1.0, [5 + i] * 64, 2) for i in range(4)]
+    work = {"host_router_request_s": 0.01, "host_router_forward_s": 0.005}
+    cluster = Cluster(config, SHAPE, dataclasses.replace(H100, host_cores=4, **work))
+    records = cluster.run(reqs)
+    first_admitted = min(r.admitted_s for r in records) - 1.0
+    assert first_admitted >= 4 * 0.01 + 0.005 - 1e-9
+    assert cluster.router_process.busy_s == pytest.approx(4 * 0.015)
+    assert [r.decode for r in records[:2]] == [r.decode for r in records[2:]]
+    assert len({r.decode for r in records}) == 2
+    assert all(r.outcome == "finished" for r in records)
 
 
 def step_starts(cluster: Cluster) -> list[float]:

@@ -79,3 +79,30 @@ def test_prefill_steps_beside_a_decode_step_slow_its_work():
         "p2": pytest.approx(2.5),
     }
     assert shared.rate_of("decode") == shared.rate() == 1.0  # nothing runs any more
+
+
+@pytest.mark.parametrize(
+    ("cores", "expected"),
+    [
+        (1, {"engine": 3.0, "http": 3.0, "other": 2.0}),
+        (4, {"engine": 2.0, "http": 2.0, "other": 1.0}),
+    ],
+)
+def test_two_threads_of_one_process_take_turns_on_one_share(cores, expected):
+    # The engine thread and the HTTP thread of one process (1 s of work each) and another
+    # process (1 s). One core: two processes, half the core each, the first's half shared
+    # by its threads; when the other ends at 2 s (each thread has done 0.5 s) the threads
+    # have the core, half each, and end at 3 s. Four cores: the process still gets one.
+    events = EventQueue()
+    shared = SharedCores(events, cores)
+    ends: dict[str, float] = {}
+
+    def ended(name: str) -> None:
+        ends[name] = events.now
+
+    owners = {name: object() for name in expected}  # alive: keyed by id
+    node = owners["engine"]
+    for name, process in (("engine", node), ("http", node), ("other", None)):
+        shared.start(owners[name], 1.0, ended, name, process=process)
+    events.run()
+    assert ends == pytest.approx(expected)
