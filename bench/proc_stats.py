@@ -100,12 +100,7 @@ def time_slice(seconds: float = 1.0) -> float:
     )
     procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * os.cpu_count())]
     time.sleep(seconds * 0.9)  # all of them still spinning
-    stats = [_schedstat(p.pid) for p in procs]
+    run, slices = (sum(_task_stat(p.pid, field) for p in procs) for field in (0, 2))
     for p in procs:
         p.wait()
-    run, slices = (sum(s[i] for s in stats) for i in (0, 2))
     return run / 1e9 / max(slices, 1)
-
-
-def _schedstat(pid: int) -> list[int]:
-    return [int(x) for x in Path(f"/proc/{pid}/schedstat").read_text().split()]

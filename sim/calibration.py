@@ -143,10 +143,11 @@ def engine_run_length(records: Sequence[Mapping[str, float]]) -> float:
     (`execute_cpu_s`, `execute_switches`); 0 where the log has no switch counts."""
     cycles = [r for r in records if r.get("cycle_switches") is not None]
     if len(cycles) >= MIN_CYCLES:
-        runs = sum(1 + r["cycle_switches"] for r in cycles)
-        return sum(r["cycle_thread_cpu_s"] for r in cycles) / runs
+        return _mean_run(cycles, "cycle_thread_cpu_s", "cycle_switches")
     counted = [r for r in records if r.get("execute_switches") is not None]
-    if not counted:
-        return 0.0
-    runs = sum(1 + r["execute_switches"] for r in counted)
-    return sum(r["execute_cpu_s"] for r in counted) / runs
+    return _mean_run(counted, "execute_cpu_s", "execute_switches") if counted else 0.0
+
+
+def _mean_run(records: Sequence[Mapping[str, float]], cpu: str, switches: str) -> float:
+    """CPU over the stretches run: one per record, and one more per switch in it."""
+    return sum(r[cpu] for r in records) / sum(1 + r[switches] for r in records)
