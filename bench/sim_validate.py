@@ -375,6 +375,7 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
         "throughput_rps": s["throughput_rps"],
         "tpot_token_mean": s["tpot_token_mean_s"],
         "decode_steps": s["pools"]["decode"]["steps"],
+        "phase_mean_s": s["phase_mean_s"],
         "busy_s": {
             role: s["pools"][role]["busy_mean"] * s["pools"][role]["nodes"] * s["duration_s"]
             for role in ("decode", "prefill")
@@ -406,6 +407,7 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
     fitted = dataclasses.replace(fit.profile, host_interference=k)
     record = {
         "engine_median_error": f"{100 * fit.median_rel_error:.1f}%",
+        "attention": f"{fitted.attention_efficiency:.2f} of the weight products' FLOP/s",
         "interference": f"{100 * k:.1f}% per prefill step",
     }
     for role in ("decode", "prefill"):
@@ -546,6 +548,25 @@ def summary_table(runs: list[dict], sim: str = "sim") -> list[str]:
     return lines
 
 
+def phase_table(runs: list[dict], sim: str = "sim") -> list[str]:
+    """Per phase of the router's split of a request (`tandem_request_phase_seconds`): the
+    real and simulated medians over the runs of its mean, and the error of the medians."""
+    lines = [
+        "| phase (mean, ms) | real median [min-max] | simulated median [min-max] | error |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for phase in PHASES:
+        real = [1e3 * r["real"]["phase_mean_s"][phase] for r in runs]
+        simulated = [1e3 * r[sim]["phase_mean_s"].get(phase, 0.0) for r in runs]
+        (rm, rlo, rhi), (sm, slo, shi) = spread(real), spread(simulated)
+        error = f"{100 * (sm / rm - 1):+.1f}%" if rm else "-"
+        lines.append(
+            f"| {phase} | {rm:.2f} [{rlo:.2f}-{rhi:.2f}] | {sm:.2f} [{slo:.2f}-{shi:.2f}] "
+            f"| {error} |"
+        )
+    return lines
+
+
 def print_run(i: int, run: dict) -> None:
     real, sim = run["real"], run["sim"]
     figs = ", ".join(
@@ -602,6 +623,8 @@ def main() -> None:
           + ", ".join(f"{r['load_before']:.2f}" for r in runs)
           + "; after: " + ", ".join(f"{r['load_after']:.2f}" for r in runs))  # fmt: skip
     print("\n".join(summary_table(runs)))
+    print("\nwhere the time to first token went, by the router's phases:")
+    print("\n".join(phase_table(runs)))
     other = "shared evenly" if args.cores == "sliced" else "in time slices"
     print(f"\nthe same runs simulated with the host's cores {other}:")
     print("\n".join(summary_table(runs, "sim_other")))

@@ -1,11 +1,13 @@
 """Fit a device profile's constants from measured step times.
 
 Each sample is a step's shape and its measured seconds. The model of a CPU step is
-`overhead + seq_cost * num_seqs + flops / F + bytes / B` (no overlap: one core computes
-and waits for memory in turn), linear in (overhead, seq_cost, 1/F, 1/B); the fit is least
-squares of the relative error (a 2 ms decode step counts as much as a 500 ms prefill: both
-latencies matter) with every coefficient kept non-negative (a coefficient that would go
-negative is dropped and the rest refitted).
+`overhead + seq_cost * num_seqs + flops / F + attention_flops / A + bytes / B` (no
+overlap: one core computes and waits for memory in turn; `flops` here the products with
+the weights, `attention_flops` attention's scores and sums, which reach a rate of their
+own: `attention_efficiency` = A / F), linear in (overhead, seq_cost, 1/F, 1/A, 1/B); the
+fit is least squares of the relative error (a 2 ms decode step counts as much as a 500 ms
+prefill: both latencies matter) with every coefficient kept non-negative (a coefficient
+that would go negative is dropped and the rest refitted).
 """
 
 from __future__ import annotations
@@ -51,26 +53,30 @@ def nonnegative_lstsq(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 def fit_profile(
     samples: Sequence[tuple[StepShape, float]], shape: ModelShape, base: DeviceProfile
 ) -> Fit:
-    """`base` with its step constants fitted to `samples` (and overlap off, efficiencies 1)."""
-    if len(samples) < 4:
-        raise ValueError(f"need at least 4 step samples to fit 4 constants, got {len(samples)}")
+    """`base` with its step constants fitted to `samples` (and overlap off, compute and
+    bandwidth efficiencies 1)."""
+    if len(samples) < 5:
+        raise ValueError(f"need at least 5 step samples to fit 5 constants, got {len(samples)}")
     unit = dataclasses.replace(base, compute_efficiency=1.0, bandwidth_efficiency=1.0)
     model = StepTimeModel(shape, unit)
     rows = []
     for step, _ in samples:
         cost = model.cost(step)
-        rows.append([1.0, step.num_seqs, cost.flops, cost.bytes])
+        weights = cost.flops - cost.attention_flops
+        rows.append([1.0, step.num_seqs, weights, cost.attention_flops, cost.bytes])
     a = np.asarray(rows)
     y = np.asarray([t for _, t in samples])
     a, y = a / y[:, None], np.ones_like(y)  # relative error: each row divided by its time
     scale = a.max(axis=0)  # columns of very different magnitudes: fit in units of their max
     x = nonnegative_lstsq(a / scale, y) / scale
+    peak = float(1 / x[2]) if x[2] > 0 else _UNBOUNDED
     profile = dataclasses.replace(
         unit,
         step_overhead_s=float(x[0]),
         seq_overhead_s=float(x[1]),
-        peak_flops=float(1 / x[2]) if x[2] > 0 else _UNBOUNDED,
-        mem_bandwidth=float(1 / x[3]) if x[3] > 0 else _UNBOUNDED,
+        peak_flops=peak,
+        attention_efficiency=float(1 / x[3] / peak) if x[3] > 0 else _UNBOUNDED,
+        mem_bandwidth=float(1 / x[4]) if x[4] > 0 else _UNBOUNDED,
         overlap=False,
     )
     check = StepTimeModel(shape, profile)

@@ -14,13 +14,14 @@ from tandem.engine.request import Request
 from tandem.engine.sampling_params import SamplingParams
 from tandem.router.dispatch import WorkerFailed
 from tandem.router.errors import APIError, Unavailable
+from tandem.router.phase_metrics import ChoiceClock
 from tandem.router.preprocess import Prompt
 from tandem.router.workers import WorkerAddress, WorkerState
 from tandem.sim.decode import SimDecode
 from tandem.sim.events import EventQueue
 from tandem.sim.faults import Faults
 from tandem.sim.host_process import HostProcess, host_cores
-from tandem.sim.node import SimNode
+from tandem.sim.node import SAMPLED_TOKEN, SimNode
 from tandem.sim.outages import Outages
 from tandem.sim.prefill import SimPrefill
 from tandem.sim.profiles import DeviceProfile
@@ -104,6 +105,9 @@ class RequestRecord:
     # one per decode worker that failed it, as the router labels its retries:
     # "decode_failed" (the worker's fault: it died) or "prefill_failed" (its remote prefill)
     worker_failures: list[str] = field(default_factory=list)
+    # where its time went, as the router's `tandem_request_phase_seconds` splits it
+    # (`ChoiceClock.phases`), set when the router saw it end
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,6 +125,8 @@ class _Live:
     decode: WorkerState | None = None
     prefill: WorkerState | None = None  # until the first token
     tokens: int = 0
+    clock: ChoiceClock | None = None  # the router's, from its first routing
+    timings: dict[str, float] | None = None  # the decode node's, for the current attempt
 
 
 class Cluster:
@@ -245,6 +251,8 @@ class Cluster:
             self._fail(live, exc)
             return
         record = live.record
+        if live.clock is None:
+            live.clock = ChoiceClock(self.events.now)
         live.tried.append(route.decode.url)
         live.attempt += 1
         live.decode, live.prefill, live.node = decode, prefill, None
@@ -351,6 +359,12 @@ class Cluster:
         if local:
             record.remote = False
 
+    def on_timings(self, request: Request, timings: dict[str, float]) -> None:
+        """The decode node's remote-prefill breakdown, which its first token carries."""
+        live = self._live.get(request.request_id)
+        if live is not None and live.request is request:
+            live.timings = timings
+
     def on_prefilled(self, request_id: str, num_cached_tokens: int) -> None:
         self.records[request_id].num_prefill_cached_tokens = num_cached_tokens
 
@@ -373,6 +387,7 @@ class Cluster:
             if live is None or live.request is not request:
                 continue  # the client has gone, or the router gave up on this attempt
             live.tokens += 1
+            self._clock_token(live, last)
             if live.prefill is not None:
                 live.prefill.inflight -= 1  # the prefill part is over
                 live.prefill = None
@@ -382,6 +397,15 @@ class Cluster:
             taken.append((live.record, last))
         client_s = len(taken) * self.profile.host_client_token_s
         self.client_process.submit(client_s, self._tokens_arrive, taken)
+
+    def _clock_token(self, live: _Live, last: bool) -> None:
+        """The router's clock takes a token as `Generation` takes a record."""
+        live.clock.on_record({
+            "token_ids": [SAMPLED_TOKEN],
+            "finish_reason": "length" if last else None,
+            "received_at": self.events.now,
+            "timings": live.timings if live.tokens == 1 else None,
+        })  # fmt: skip
 
     def _tokens_arrive(self, taken: list[tuple[RequestRecord, bool]]) -> None:
         """The client has read the tokens (one hop after the router sent them)."""
@@ -408,6 +432,8 @@ class Cluster:
     def _end(self, live: _Live, outcome: str, now: float) -> None:
         """The router's view: the request is over, its in-flight counts go."""
         live.record.outcome, live.record.ended_s = outcome, now
+        if live.clock is not None:
+            live.record.phases = live.clock.phases()
         self._uncount(live)
         del self._live[live.record.request_id]
         # the rest of the request's work in the router and its client, in their turn

@@ -56,8 +56,11 @@ class SimDecode(SimNode):
         self.down: set[str] = set()  # prefill endpoints whose connection dropped
         self.fallbacks: Counter[str] = Counter()
         self._wake_at: float | None = None  # the wake-up armed for `failover.next_due`
+        # request id -> (admitted, sent): the current remote attempt's times, for `timings`
+        self._remote_times: dict[str, tuple[float, float]] = {}
 
     def add_stream(self, request: Request, alternates: list[str]) -> None:
+        request.arrival_time = self.cluster.events.now  # reached the engine, as a `Stream`
         self.streams[request.request_id] = request
         self.failover.track(request, alternates)
         self.add(request)
@@ -89,6 +92,7 @@ class SimDecode(SimNode):
         if request.is_finished:
             del self.streams[request.request_id]
             self.failover.forget(request.request_id)
+            self._remote_times.pop(request.request_id, None)
 
     # -- deadlines ------------------------------------------------------------------------
 
@@ -124,6 +128,8 @@ class SimDecode(SimNode):
         attempt = request.num_remote_attempts
         now = self.cluster.events.now
         self.failover.sent(request, now)
+        admitted = self._remote_times.get(request.request_id, (now, now))[0]
+        self._remote_times[request.request_id] = (admitted, now)
         msg = RemotePrefill(
             request.request_id,
             attempt,
@@ -152,13 +158,23 @@ class SimDecode(SimNode):
     def _send_abort(self, hold: RemoteHold) -> bool:
         return self._send(hold.worker, "abort", self, hold.request_id, hold.attempt)
 
-    def on_prefill_done(self, request_id: str, attempt: int, token_id: int) -> None:
-        """The prefill worker's notification (after its last write landed)."""
+    def on_prefill_done(
+        self, request_id: str, attempt: int, token_id: int, prefill_s: float
+    ) -> None:
+        """The prefill worker's notification (after its last write landed); `prefill_s`:
+        its time from receiving the request to sampling the first token."""
         request = self.failover.current(request_id, attempt)
         if request is None:
             self.failover.release(remote_hold_key(request_id, attempt))  # a late attempt
             return
         self.scheduler.complete_remote_prefill(request_id, token_id, None)
+        admitted, sent = self._remote_times[request_id]
+        now = self.cluster.events.now
+        self.cluster.on_timings(request, {  # as `DecodeWorker` puts them on the first record
+            "queue_s": admitted - request.arrival_time,
+            "remote_s": now - sent,
+            "prefill_s": prefill_s,
+        })  # fmt: skip
         self._on_token(request)
         self.cluster.relay([request])
         self.poke()
@@ -200,4 +216,5 @@ class SimDecode(SimNode):
     def _end(self, request_id: str, outcome: str) -> None:
         del self.streams[request_id]
         self.failover.forget(request_id)
+        self._remote_times.pop(request_id, None)
         self.cluster.on_end(self, request_id, outcome)

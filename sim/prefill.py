@@ -41,9 +41,11 @@ class Job:
     msg: RemotePrefill
     request: Request
     deadline_s: float  # simulated; no write starts after it
+    received_s: float  # when the loop took the request
     num_posted: int  # prompt blocks written or being written (starts at skip_blocks)
     num_writes: int = 0  # in flight
     token_id: int | None = None
+    sampled_s: float = 0.0  # when its first token was sampled
     ended: str | None = None  # "abort" or a failure reason
     waited: bool = False  # a step already waited for its last writes: never again
 
@@ -74,7 +76,7 @@ class SimPrefill(SimNode):
         request = Request(key, msg.token_ids, params)
         request.block_hashes = list(msg.block_hashes)  # as the node would compute them
         deadline = now + msg.deadline_s
-        self.jobs[key] = Job(msg, request, deadline, msg.skip_blocks)
+        self.jobs[key] = Job(msg, request, deadline, now, msg.skip_blocks)
         self.cluster.events.at(deadline, self.poke)  # expire it even when idle
         self.add(request)
 
@@ -180,7 +182,7 @@ class SimPrefill(SimNode):
         for request in finished:
             job = self.jobs[request.request_id]
             if job.ended is None and request.request_id not in self._failed:
-                job.token_id = SAMPLED_TOKEN
+                job.token_id, job.sampled_s = SAMPLED_TOKEN, self.cluster.events.now
                 self.cluster.on_prefilled(job.msg.request_id, request.num_cached_tokens)
                 self._settle(job)
         failed, self._failed = self._failed, {}
@@ -220,7 +222,7 @@ class SimPrefill(SimNode):
         elif job.ended is None:
             self.cluster.send(
                 msg.decode.deliver, msg.decode.on_prefill_done, msg.request_id, msg.attempt,
-                job.token_id,
+                job.token_id, job.sampled_s - job.received_s,
             )  # fmt: skip
         else:
             self._reply(msg, None if job.ended == "abort" else job.ended)

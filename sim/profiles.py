@@ -22,7 +22,8 @@ class DeviceProfile:
     Step time = `step_overhead_s` + `seq_overhead_s` per sequence + `token_overhead_s` per
     sampled token + the role's host overheads (`host_overhead`) + the compute and memory
     times (max of the two when `overlap`, the GPU roofline; their sum otherwise, as on a CPU
-    where one core does both) + the tensor-parallel all-reduces.
+    where one core does both) + the tensor-parallel all-reduces. Attention's FLOPs run at
+    `attention_efficiency` of the rate of the rest (the matrix products with the weights).
     """
 
     name: str
@@ -32,6 +33,7 @@ class DeviceProfile:
     memory_bytes: float  # device memory, for sizing the KV cache
     dtype_bytes: int = 2
     compute_efficiency: float = 1.0  # achieved / peak FLOP/s
+    attention_efficiency: float = 1.0  # attention's FLOP/s / the weight products'
     bandwidth_efficiency: float = 1.0  # achieved / peak bytes/s
     step_overhead_s: float = 0.0
     seq_overhead_s: float = 0.0
@@ -95,7 +97,7 @@ class DeviceProfile:
     host_prefill_run_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "mem_bandwidth", "kv_link_bandwidth"):
+        for name in ("peak_flops", "mem_bandwidth", "kv_link_bandwidth", "attention_efficiency"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be positive")
         for name in ("compute_efficiency", "bandwidth_efficiency", "memory_utilization"):

@@ -62,6 +62,7 @@ def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> d
         "tpot_s": _percentiles(tpots),
         "tpot_token_mean_s": _token_mean_tpot(done),
         "e2e_s": _percentiles(e2es),
+        "phase_mean_s": _phase_means(records),
         "prefix_cache": _prefix_cache(cluster, records),
         "kv_transfer": {
             "bytes": sum(p.num_bytes for p in cluster.all_prefills),
@@ -76,6 +77,16 @@ def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> d
         "num_preemptions": sum(n.scheduler.num_preemptions for n in cluster.nodes.values()),
         "num_events": cluster.events.num_events,
     }
+
+
+def _phase_means(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Mean seconds per phase over the requests that went through it (every outcome), as
+    `tandem_request_phase_seconds`' sum over count."""
+    seconds: dict[str, list[float]] = {}
+    for r in records:
+        for phase, s in r.phases.items():
+            seconds.setdefault(phase, []).append(s)
+    return {phase: float(np.mean(v)) for phase, v in seconds.items()}
 
 
 def _token_mean_tpot(done: Sequence[RequestRecord]) -> float | None:

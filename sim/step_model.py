@@ -34,6 +34,7 @@ class StepShape:
 @dataclass(frozen=True)
 class StepCost:
     flops: float
+    attention_flops: float  # the part of `flops` that attention's scores and sums take
     bytes: float
     comm_bytes: float  # per device, for the TP all-reduces
 
@@ -61,20 +62,19 @@ class StepTimeModel:
         """FLOPs and bytes of the whole step (all TP ranks together)."""
         m, w = self.shape, step.work
         total = w.num_tokens
-        flops = (
-            2 * m.layer_params * total
-            + 4 * self._attn_dim * w.num_attention_pairs
-            + self._lm_head_flops * step.num_sampled
-        )
+        attention = 4 * self._attn_dim * w.num_attention_pairs
+        flops = 2 * m.layer_params * total + attention + self._lm_head_flops * step.num_sampled
         kv_read = self._kv_per_token * w.num_context_tokens
         kv_write = self._kv_per_token * total
         comm = 2 * m.num_layers * total * m.hidden_size * self.profile.dtype_bytes
-        return StepCost(flops, self._weight_bytes + kv_read + kv_write, comm)
+        return StepCost(flops, attention, self._weight_bytes + kv_read + kv_write, comm)
 
     def step_time(self, step: StepShape) -> float:
         p, tp = self.profile, self.tp
         cost = self.cost(step)
-        compute = cost.flops / tp / (p.peak_flops * p.compute_efficiency)
+        weights = cost.flops - cost.attention_flops
+        attention = cost.attention_flops / p.attention_efficiency
+        compute = (weights + attention) / tp / (p.peak_flops * p.compute_efficiency)
         memory = cost.bytes / tp / (p.mem_bandwidth * p.bandwidth_efficiency)
         work = max(compute, memory) if p.overlap else compute + memory
         if tp > 1:  # ring all-reduce: 2 (tp-1)/tp of the activations per device, per layer x2

@@ -40,6 +40,7 @@ def cpu_truth():
         overlap=False,
         compute_efficiency=1.0,
         bandwidth_efficiency=1.0,
+        attention_efficiency=0.6,  # attention slower than the weight products, as on a CPU
     )
 
 
@@ -63,8 +64,22 @@ def test_the_fit_recovers_a_known_cpu_profile():
     assert fit.profile.peak_flops == pytest.approx(2e11, rel=1e-3)
     assert fit.profile.mem_bandwidth == pytest.approx(1.5e10, rel=1e-3)
     assert fit.profile.step_overhead_s == pytest.approx(3e-3, rel=1e-3)
-    with pytest.raises(ValueError, match="at least 4"):
-        fit_profile(samples[:2], shape, truth)
+    assert fit.profile.attention_efficiency == pytest.approx(0.6, rel=1e-3)
+    with pytest.raises(ValueError, match="at least 5"):
+        fit_profile(samples[:4], shape, truth)
+
+
+def test_attention_flops_run_at_the_profile_s_attention_efficiency():
+    shape = SHAPES["llama-3-8b"]
+    prefill = StepShape.of([512], [512], 1)  # long context: attention is a large part
+    at_peak = StepTimeModel(shape, dataclasses.replace(cpu_truth(), attention_efficiency=1.0))
+    slower = StepTimeModel(shape, cpu_truth())
+    cost = at_peak.cost(prefill)
+    assert 0 < cost.attention_flops < cost.flops
+    extra = cost.attention_flops * (1 / 0.6 - 1) / cpu_truth().peak_flops
+    assert slower.step_time(prefill) - at_peak.step_time(prefill) == pytest.approx(extra)
+    with pytest.raises(ValueError, match="attention_efficiency"):
+        dataclasses.replace(cpu_truth(), attention_efficiency=0.0)
 
 
 def log_record(step: StepShape, execute_cpu_s: float, cycle_cpu_s: float | None) -> dict:

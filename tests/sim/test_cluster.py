@@ -248,6 +248,34 @@ def test_a_busy_prefill_worker_waits_a_bounded_time_for_a_finished_job_s_last_wr
         assert first.first_token_s > starts[0] + step + write  # waited for its write only
 
 
+def test_the_router_s_phases_split_a_remote_prefill_as_the_real_router_does():
+    # Two one-step prompts, the second a quarter of a step later, at the only prefill
+    # worker. The first one's remote_prefill is its step (received -> first token sampled).
+    # The second one's request waits in the worker's socket while that step runs, which
+    # `ChoiceClock.phases` counts in kv_transfer; its remote_prefill is the worker's wait
+    # for the first one's write (before its step, as PrefillWorker.step waits) and its step.
+    config = ClusterConfig(
+        num_prefill=1, num_decode=1, num_kv_blocks=64, max_num_batched_tokens=256,
+        max_model_len=1024,
+    )  # fmt: skip
+    step = StepTimeModel(SHAPE, H100, role="prefill").step_time(StepShape.of([256], [256], 1))
+    write = TransferModel(SHAPE, H100, config.block_size).write_time(16, 1)
+    reqs = [SimRequest.of_tokens(f"r{i}", i * step / 4, [3 + i] * 256, 4) for i in range(2)]
+    cluster, records = run(config, reqs)
+    assert [set(r.phases) for r in records] == [
+        {"queue", "remote_prefill", "kv_transfer", "other", "first_decode", "decode"}
+    ] * 2
+    first, second = records
+    assert first.phases["remote_prefill"] == pytest.approx(step)
+    assert second.phases["remote_prefill"] == pytest.approx(write + step)
+    assert first.phases["kv_transfer"] < step / 2 < second.phases["kv_transfer"]
+    for r in records:  # the phases before the first token add up to it, at the router
+        before = sum(r.phases[p] for p in ("queue", "remote_prefill", "kv_transfer", "other"))
+        assert before < r.first_token_s - r.arrival_s
+    means = summarize(cluster, records, SLO())["phase_mean_s"]
+    assert means["remote_prefill"] == pytest.approx(step + write / 2)
+
+
 def never_forwarded(records: list) -> list:
     return [r for r in records if not r.decode]
 
