@@ -69,7 +69,12 @@ from replay_client import refused, replay, sent_only
 
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
-from tandem.sim.calibration import engine_run_length, fit_logged_profile, fit_role_overhead
+from tandem.sim.calibration import (
+    engine_run_length,
+    fit_logged_profile,
+    fit_role_overhead,
+    mean_tail,
+)
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.interference import fit_interference, prefill_overlaps, without_interference
 from tandem.sim.profiles import DeviceProfile, load_profile
@@ -422,8 +427,10 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
                 f"host_{role}_run_s": run_s,
             },
         )
+        tail = mean_tail(mine)
         record[role] = (
             f"{1e3 * step_s:.3f} ms + {1e3 * seq_s:.3f} ms/seq, runs {1e3 * run_s:.2f} ms"
+            + ("" if tail is None else f", loop after the runner {1e3 * tail:.2f} ms/step")
         )
     for process, cost in real["relay_probe"].items():  # router, client, decode (HTTP)
         if process == "decode":

@@ -8,7 +8,11 @@ shows up here as the cycle's CPU beyond `execute_cpu_s`. `bench/sim_validate.py`
 remainder against the batch size. `GET /debug/steps` serves the log.
 
 A cycle is measured only between two steps with no wait between them (the loop stayed
-busy); a step after which the loop may wait keeps `cycle_s` None.
+busy); a step after which the loop may wait keeps `cycle_s` None. Every step measures its
+tail: the engine thread's CPU from the runner's end to the loop's next wait or next step
+(`tail_thread_cpu_s`: what the loop does for the step after the model, such as a prefill
+worker posting its KV writes and publishing its KV events, apart from its waits and the
+polls while it waits).
 
 `execute_switches` counts the times the engine thread left its core inside the model
 runner (it waited for the interpreter lock, which the HTTP thread takes to stream records,
@@ -77,6 +81,8 @@ class StepRecord:
     cycle_cpu_s: float | None = None  # the process's CPU (all threads) over the same
     cycle_thread_cpu_s: float | None = None  # the engine thread's CPU over the same
     cycle_switches: int | None = None  # the engine thread's context switches over the same
+    # the engine thread's CPU from the runner's end to the loop's next wait or next step
+    tail_thread_cpu_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -100,10 +106,14 @@ class StepLog:
         self._records: deque[StepRecord] = deque(maxlen=capacity)
         self._seq = 0
         self._open: tuple[StepRecord, Clocks] | None = None  # the cycle and its start
+        # the last step's record and its runner's end on the engine thread's CPU clock,
+        # until its tail ends
+        self._tail: tuple[StepRecord, float] | None = None
 
     def begin(self) -> Clocks:
         """A step starts: close the previous cycle; returns the clocks `end` needs."""
         clocks = Clocks.now()
+        self._end_tail(clocks.thread)
         if self._open is not None:
             record, start = self._open
             record.cycle_s, record.cycle_cpu_s = clocks.wall - start.wall, clocks.cpu - start.cpu
@@ -130,10 +140,18 @@ class StepLog:
         )
         self._records.append(record)
         self._open = (record, clocks)
+        self._tail = (record, thread)
 
     def wait(self) -> None:
         """The loop may wait before its next step: the open cycle is not a cycle."""
         self._open = None
+        self._end_tail(time.thread_time())
+
+    def _end_tail(self, thread: float) -> None:
+        if self._tail is not None:
+            record, end = self._tail
+            record.tail_thread_cpu_s = thread - end
+            self._tail = None
 
     @property
     def last_seq(self) -> int:

@@ -140,6 +140,14 @@ def fit_role_overhead(
     return mean_host_overhead(records, process_cpu_s), 0.0
 
 
+def mean_tail(records: Sequence[Mapping[str, float]]) -> float | None:
+    """A node's mean loop work on the engine thread after each step's runner, up to its
+    next wait or step (`tail_thread_cpu_s`); None where no step measured one. For a prefill
+    worker, the part of `mean_host_overhead` that runs in line with its steps."""
+    tails = [r["tail_thread_cpu_s"] for r in records if r.get("tail_thread_cpu_s") is not None]
+    return sum(tails) / len(tails) if tails else None
+
+
 def engine_run_length(records: Sequence[Mapping[str, float]]) -> float:
     """How long a node's engine thread runs before it leaves its core, on average: its CPU
     over the stretches it ran in (one, and one more per context switch). Over its measured

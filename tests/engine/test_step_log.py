@@ -43,6 +43,28 @@ def test_back_to_back_steps_form_cycles_and_a_wait_breaks_one():
     assert records[1]["start_s"] - first["start_s"] == first["cycle_s"]
 
 
+def spin_cpu() -> float:
+    """Some CPU on this thread; how much."""
+    start = time.thread_time()
+    sum(range(2_000_000))
+    return time.thread_time() - start
+
+
+def test_a_step_s_tail_is_the_loop_s_cpu_after_the_runner_until_it_waits_or_steps():
+    log = StepLog()
+    run_step(log, 1)
+    work = spin_cpu()  # the loop's work for the step (posting writes, events)
+    log.wait()
+    polls = spin_cpu()  # polls while it waits: not the step's
+    log.wait()
+    run_step(log, 1)
+    run_step(log, 1)  # straight after: a tail with next to nothing in it
+    first, second, third = log.since()
+    assert work <= first["tail_thread_cpu_s"] < work + polls / 2
+    assert 0 <= second["tail_thread_cpu_s"] < work / 10
+    assert third["tail_thread_cpu_s"] is None  # nothing has followed it yet
+
+
 def test_since_returns_only_later_steps_and_the_log_is_bounded():
     log = StepLog(capacity=3)
     assert log.last_seq == 0

@@ -17,6 +17,7 @@ from tandem.sim.calibration import (
     fit_role_overhead,
     logged_step,
     mean_host_overhead,
+    mean_tail,
     nonnegative_lstsq,
 )
 from tandem.sim.profiles import load_profile
@@ -132,6 +133,15 @@ def test_a_node_with_few_cycles_shares_its_process_cpu_beyond_the_runner_over_it
         for step in random_steps(4, MIN_CYCLES)
     ]
     assert fit_role_overhead(cycled, 1e3) == pytest.approx((0.0, 0.0), abs=1e-9)
+
+
+def test_a_node_s_loop_work_after_its_steps_is_the_mean_of_the_measured_tails():
+    records = [
+        {"tail_thread_cpu_s": 0.002}, {"tail_thread_cpu_s": 0.001},
+        {"tail_thread_cpu_s": None}, {},  # not followed yet; a log from before tails
+    ]  # fmt: skip
+    assert mean_tail(records) == pytest.approx(0.0015)
+    assert mean_tail(records[2:]) is None
 
 
 def test_an_engine_thread_runs_its_runner_cpu_over_the_stretches_it_ran_in():
