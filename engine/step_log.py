@@ -145,7 +145,8 @@ class StepLog:
     def wait(self) -> None:
         """The loop may wait before its next step: the open cycle is not a cycle."""
         self._open = None
-        self._end_tail(time.thread_time())
+        if self._tail is not None:  # the loop waits often: read the clock only when needed
+            self._end_tail(time.thread_time())
 
     def _end_tail(self, thread: float) -> None:
         if self._tail is not None:
