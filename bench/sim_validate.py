@@ -70,6 +70,7 @@ from replay_client import refused, replay, sent_only
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
 from tandem.sim.calibration import (
+    UNBOUNDED_RATE,
     engine_run_length,
     fit_logged_profile,
     fit_role_overhead,
@@ -412,7 +413,7 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
     fitted = dataclasses.replace(fit.profile, host_interference=k)
     record = {
         "engine_median_error": f"{100 * fit.median_rel_error:.1f}%",
-        "attention": f"{fitted.attention_efficiency:.2f} of the weight products' FLOP/s",
+        "attention": _attention(fitted.attention_efficiency),
         "interference": f"{100 * k:.1f}% per prefill step",
     }
     for role in ("decode", "prefill"):
@@ -445,6 +446,13 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
             record[process] = " + ".join(parts)
         fitted = dataclasses.replace(fitted, **{f"host_{process}_{k}": v for k, v in cost.items()})
     return fitted, record
+
+
+def _attention(efficiency: float) -> str:
+    """The fitted attention rate, or why there is none (its term dropped by the fit)."""
+    if efficiency >= UNBOUNDED_RATE:
+        return "not fitted (no attention cost in these steps)"
+    return f"{efficiency:.2f} of the weight products' FLOP/s"
 
 
 def fit_overhead(

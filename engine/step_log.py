@@ -11,8 +11,9 @@ A cycle is measured only between two steps with no wait between them (the loop s
 busy); a step after which the loop may wait keeps `cycle_s` None. Every step measures its
 tail: the engine thread's CPU from the runner's end to the loop's next wait or next step
 (`tail_thread_cpu_s`: what the loop does for the step after the model, such as a prefill
-worker posting its KV writes and publishing its KV events, apart from its waits and the
-polls while it waits).
+worker posting its KV writes and publishing its KV events; not the polls while an idle
+loop waits, but on a busy prefill worker it holds the bounded wait for finished jobs' last
+writes before its next step).
 
 `execute_switches` counts the times the engine thread left its core inside the model
 runner (it waited for the interpreter lock, which the HTTP thread takes to stream records,

@@ -26,8 +26,8 @@ from tandem.sim.step_model import StepShape, StepTimeModel
 # from a per-sequence cost); that CPU counts as the host's background instead.
 MIN_CYCLES = 20
 
-# What a dropped 1/F or 1/B term becomes: a rate so high its term vanishes.
-_UNBOUNDED = 1e18
+# What a dropped 1/F, 1/A or 1/B term becomes: a rate so high its term vanishes.
+UNBOUNDED_RATE = 1e18
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,14 +69,14 @@ def fit_profile(
     a, y = a / y[:, None], np.ones_like(y)  # relative error: each row divided by its time
     scale = a.max(axis=0)  # columns of very different magnitudes: fit in units of their max
     x = nonnegative_lstsq(a / scale, y) / scale
-    peak = float(1 / x[2]) if x[2] > 0 else _UNBOUNDED
+    peak = float(1 / x[2]) if x[2] > 0 else UNBOUNDED_RATE
     profile = dataclasses.replace(
         unit,
         step_overhead_s=float(x[0]),
         seq_overhead_s=float(x[1]),
         peak_flops=peak,
-        attention_efficiency=float(1 / x[3] / peak) if x[3] > 0 else _UNBOUNDED,
-        mem_bandwidth=float(1 / x[4]) if x[4] > 0 else _UNBOUNDED,
+        attention_efficiency=float(1 / x[3] / peak) if x[3] > 0 else UNBOUNDED_RATE,
+        mem_bandwidth=float(1 / x[4]) if x[4] > 0 else UNBOUNDED_RATE,
         overlap=False,
     )
     check = StepTimeModel(shape, profile)

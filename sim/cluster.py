@@ -256,6 +256,7 @@ class Cluster:
         live.tried.append(route.decode.url)
         live.attempt += 1
         live.decode, live.prefill, live.node = decode, prefill, None
+        live.timings = None  # the new attempt's, when its decode node sends them
         record.decode = route.decode.url
         record.prefill = route.prefill.url if route.prefill else None
         record.admitted_s = record.remote = None  # the figures are the last attempt's
@@ -399,7 +400,9 @@ class Cluster:
         self.client_process.submit(client_s, self._tokens_arrive, taken)
 
     def _clock_token(self, live: _Live, last: bool) -> None:
-        """The router's clock takes a token as `Generation` takes a record."""
+        """The router's clock takes a token as `Generation` takes a record. (The real
+        dispatcher stamps a record as it reads it, before its turn's work on the batch;
+        here the stamp is after it: `other` carries up to one batch's relay work more.)"""
         live.clock.on_record({
             "token_ids": [SAMPLED_TOKEN],
             "finish_reason": "length" if last else None,
