@@ -382,12 +382,30 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
         "tpot_token_mean": s["tpot_token_mean_s"],
         "decode_steps": s["pools"]["decode"]["steps"],
         "phase_mean_s": s["phase_mean_s"],
+        "prefill_steps": _batching(s["pools"]["prefill"]),
         "busy_s": {
             role: s["pools"][role]["busy_mean"] * s["pools"][role]["nodes"] * s["duration_s"]
             for role in ("decode", "prefill")
             if s["pools"][role]["nodes"]
         },
     }
+
+
+def _batching(pool: dict) -> dict[str, float]:
+    """A pool's steps, those of a single request, and the mean requests per step."""
+    steps = pool.get("steps", 0)
+    return {
+        "steps": steps,
+        "of_one": pool.get("steps_of_one", 0),
+        "mean": pool.get("batch_mean", 0.0),
+    }
+
+
+def logged_batching(step_log: dict[str, tuple[str, list[dict]]]) -> dict[str, float]:
+    """The same as `_batching` from the real prefill workers' step logs."""
+    sizes = [r["num_seqs"] for role, steps in step_log.values() if role == "prefill" for r in steps]
+    mean = sum(sizes) / len(sizes) if sizes else 0.0
+    return {"steps": len(sizes), "of_one": sizes.count(1), "mean": mean}
 
 
 def _since(t: float | None, start: float) -> float | None:
@@ -582,6 +600,29 @@ def phase_table(runs: list[dict], sim: str = "sim") -> list[str]:
     return lines
 
 
+def batching_table(runs: list[dict], sim: str = "sim") -> list[str]:
+    """The prefill workers' steps (both together), real and simulated medians over the
+    runs: how many, how many ran a single request, and the mean requests per step. How
+    the prompts that reach a worker group into steps is not timed by a model constant,
+    so a difference here is one of structure (docs/performance.md)."""
+    lines = [
+        "| prefill steps | real median [min-max] | simulated median [min-max] |",
+        "| --- | ---: | ---: |",
+    ]
+    for key, label in (
+        ("steps", "steps"),
+        ("of_one", "of one request"),
+        ("mean", "requests per step"),
+    ):
+        real = spread([logged_batching(r["real"]["step_log"])[key] for r in runs])
+        simulated = spread([r[sim]["prefill_steps"][key] for r in runs])
+        lines.append(
+            f"| {label} | {real[0]:.2f} [{real[1]:.2f}-{real[2]:.2f}] "
+            f"| {simulated[0]:.2f} [{simulated[1]:.2f}-{simulated[2]:.2f}] |"
+        )
+    return lines
+
+
 def print_run(i: int, run: dict) -> None:
     real, sim = run["real"], run["sim"]
     figs = ", ".join(
@@ -640,6 +681,8 @@ def main() -> None:
     print("\n".join(summary_table(runs)))
     print("\nwhere the time to first token went, by the router's phases:")
     print("\n".join(phase_table(runs)))
+    print("\nhow the prefill workers batched the prompts:")
+    print("\n".join(batching_table(runs)))
     other = "shared evenly" if args.cores == "sliced" else "in time slices"
     print(f"\nthe same runs simulated with the host's cores {other}:")
     print("\n".join(summary_table(runs, "sim_other")))

@@ -11,6 +11,7 @@ role may add: `wait_before_step`). Subclasses add what the role does around the 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ class SimNode:
         self.last_step_s = 0.0  # the duration of the last step
         self.kv_usage_s = 0.0  # KV usage at each step's start, times the step's duration
         self.num_steps = 0
+        self.batch_sizes: Counter[int] = Counter()  # steps by the requests in them
         self.num_tokens = 0  # computed by its steps
         self.dead = False  # a killed node ignores its pending events and messages
         self.died_s: float | None = None
@@ -99,6 +101,7 @@ class SimNode:
             return
         self.stepping = True
         self.num_steps += 1
+        self.batch_sizes[len(out.scheduled)] += 1
         self.num_tokens += out.total_num_scheduled_tokens
         work = self.step_model.step_time(step_shape(out))
         now = self.cluster.events.now

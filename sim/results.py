@@ -160,10 +160,13 @@ def _pool(nodes: Sequence, duration: float) -> dict[str, Any]:
         kv_s[n.url] += n.kv_usage_s
     busy = [b / duration for b in busy_s.values()]
     kv = [k / duration for k in kv_s.values()]
+    steps = sum(n.num_steps for n in nodes)
     return {
         "nodes": len(busy),
         "busy_mean": float(np.mean(busy)),
         "busy_max": float(np.max(busy)),
         "kv_usage_mean": float(np.mean(kv)),
-        "steps": sum(n.num_steps for n in nodes),
+        "steps": steps,
+        "steps_of_one": sum(n.batch_sizes[1] for n in nodes),  # a step of a single request
+        "batch_mean": sum(k * c for n in nodes for k, c in n.batch_sizes.items()) / max(steps, 1),
     }

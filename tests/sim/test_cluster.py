@@ -305,3 +305,18 @@ def test_a_client_that_goes_away_while_its_request_waits_in_a_single_threaded_pr
     cluster.check_integrity()
     assert cluster.num_held_blocks == 0
     assert all(w.inflight == 0 for w in cluster.router.pool.workers.values())
+
+
+@pytest.mark.parametrize(("gap_steps", "batches"), [(0.0, {2: 1}), (2.0, {1: 2})])
+def test_a_prefill_worker_batches_the_prompts_that_reach_it_together(gap_steps, batches):
+    # Two prompts at the only prefill worker: together, they share its one step; two steps
+    # apart, each has a step of its own. The pool summary counts the same.
+    config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=64, max_model_len=1024)
+    step = StepTimeModel(SHAPE, H100, role="prefill").step_time(StepShape.of([256], [256], 1))
+    reqs = [SimRequest.of_tokens(f"r{i}", i * gap_steps * step, [3 + i] * 256, 2) for i in range(2)]
+    cluster, records = run(config, reqs)
+    assert dict(cluster.prefills[0].batch_sizes) == batches
+    pool = summarize(cluster, records, SLO())["pools"]["prefill"]
+    assert pool["steps"] == sum(batches.values())
+    assert pool["steps_of_one"] == batches.get(1, 0)
+    assert pool["batch_mean"] == 2 / pool["steps"]
