@@ -72,7 +72,9 @@ from tandem.router.phase_metrics import PHASES
 from tandem.sim.calibration import (
     UNBOUNDED_RATE,
     engine_run_length,
+    fit_host_overhead,
     fit_logged_profile,
+    fit_other_threads,
     fit_role_overhead,
     mean_tail,
 )
@@ -437,6 +439,8 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
     for role in ("decode", "prefill"):
         mine = [r for role_of, steps in logs.values() if role_of == role for r in steps]
         step_s, seq_s = fit_role_overhead(mine, real["cpu_s"].get(role, 0.0))
+        if role == "decode":
+            record["decode_threads"] = _threads(mine)
         run_s = engine_run_length(mine)
         fitted = dataclasses.replace(
             fitted,
@@ -464,6 +468,21 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
             record[process] = " + ".join(parts)
         fitted = dataclasses.replace(fitted, **{f"host_{process}_{k}": v for k, v in cost.items()})
     return fitted, record
+
+
+def _threads(records: list[dict]) -> str:
+    """A decode node's work outside the runner by thread, where its cycles measured the
+    engine thread's CPU: the engine thread's own, the other threads' (mostly the HTTP
+    thread streaming the step's records). Printed only: the simulation charges all of it
+    to the steps (docs/performance.md, 2026-11-26, "A decode node's HTTP thread")."""
+    other = fit_other_threads(records)
+    if not any(other):
+        return "not measured"
+    engine = fit_host_overhead(records, clock="cycle_thread_cpu_s")
+    return (
+        f"engine thread {1e3 * engine[0]:.3f} ms + {1e3 * engine[1]:.3f} ms/seq, other "
+        f"threads {1e3 * other[0]:.3f} ms + {1e3 * other[1]:.3f} ms/token"
+    )
 
 
 def _attention(efficiency: float) -> str:

@@ -103,17 +103,38 @@ def fit_logged_profile(
     return fit_profile([(logged_step(r), r["execute_cpu_s"]) for r in records], shape, base)
 
 
-def fit_host_overhead(records: Sequence[Mapping[str, float]]) -> tuple[float, float]:
+def fit_host_overhead(
+    records: Sequence[Mapping[str, float]], clock: str = "cycle_cpu_s"
+) -> tuple[float, float]:
     """(per step, per sequence) CPU seconds a node spent outside the model runner, from its
     logged steps' measured cycles (the process's CPU from one step's start to the next, less
-    the runner's); (0, 0) with fewer than `MIN_CYCLES` cycles."""
-    cycles = [r for r in records if r.get("cycle_cpu_s") is not None]
+    the runner's; with `clock` "cycle_thread_cpu_s" the engine thread's alone); (0, 0) with
+    fewer than `MIN_CYCLES` cycles."""
+    cycles = [r for r in records if r.get(clock) is not None]
     if len(cycles) < MIN_CYCLES:
         return 0.0, 0.0
     a = np.asarray([[1.0, r["num_seqs"]] for r in cycles])
-    y = np.asarray([r["cycle_cpu_s"] - r["execute_cpu_s"] for r in cycles])
+    y = np.asarray([r[clock] - r["execute_cpu_s"] for r in cycles])
     step_s, seq_s = nonnegative_lstsq(a, y)
     return float(step_s), float(seq_s)
+
+
+def fit_other_threads(records: Sequence[Mapping[str, float]]) -> tuple[float, float]:
+    """(per step, per token sampled) CPU seconds a node's threads other than its engine's
+    spent over its measured cycles: the process's CPU less the engine thread's. On a decode
+    node mostly its HTTP thread streaming the step's records (and the transfer library's
+    threads); (0, 0) with fewer than `MIN_CYCLES` cycles that measured both."""
+    cycles = [
+        r
+        for r in records
+        if r.get("cycle_cpu_s") is not None and r.get("cycle_thread_cpu_s") is not None
+    ]
+    if len(cycles) < MIN_CYCLES:
+        return 0.0, 0.0
+    a = np.asarray([[1.0, r["num_sampled"]] for r in cycles])
+    y = np.asarray([r["cycle_cpu_s"] - r["cycle_thread_cpu_s"] for r in cycles])
+    step_s, token_s = nonnegative_lstsq(a, y)
+    return float(step_s), float(token_s)
 
 
 def mean_host_overhead(records: Sequence[Mapping[str, float]], process_cpu_s: float) -> float:

@@ -13,6 +13,7 @@ from tandem.sim.calibration import (
     engine_run_length,
     fit_host_overhead,
     fit_logged_profile,
+    fit_other_threads,
     fit_profile,
     fit_role_overhead,
     logged_step,
@@ -115,6 +116,23 @@ def test_the_logged_fits_recover_the_engine_and_the_nodes_work_outside_it():
     assert fit_host_overhead(records) == pytest.approx(outside, rel=1e-6)
     cycles = [r for r in records if r["cycle_cpu_s"] is not None]
     assert fit_host_overhead(cycles[: MIN_CYCLES - 1]) == (0.0, 0.0)  # too few to split
+
+
+def test_a_node_s_other_threads_cpu_is_fitted_per_step_and_token():
+    # a decode node's cycles: the engine thread's CPU (runner + 0.3 ms + 0.07 ms/seq) and
+    # the HTTP thread's streaming (0.2 ms + 0.1 ms per token sampled) in the process's
+    engine, stream = (3e-4, 7e-5), (2e-4, 1e-4)
+    records = []
+    for step in random_steps(5, MIN_CYCLES):
+        runner = 1e-3 * step.num_seqs
+        thread = runner + engine[0] + engine[1] * step.num_seqs
+        record = log_record(step, runner, thread + stream[0] + stream[1] * step.num_sampled)
+        records.append({**record, "cycle_thread_cpu_s": thread})
+    assert fit_other_threads(records) == pytest.approx(stream, rel=1e-6)
+    assert fit_host_overhead(records, clock="cycle_thread_cpu_s") == pytest.approx(engine)
+    # a log from before thread clocks, or too few cycles: nothing to split
+    assert fit_other_threads([{**r, "cycle_thread_cpu_s": None} for r in records]) == (0, 0)
+    assert fit_other_threads(records[: MIN_CYCLES - 1]) == (0.0, 0.0)
 
 
 def test_a_node_with_few_cycles_shares_its_process_cpu_beyond_the_runner_over_its_steps():
