@@ -13,7 +13,7 @@ that would go negative is dropped and the rest refitted).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -110,13 +110,7 @@ def fit_host_overhead(
     logged steps' measured cycles (the process's CPU from one step's start to the next, less
     the runner's; with `clock` "cycle_thread_cpu_s" the engine thread's alone); (0, 0) with
     fewer than `MIN_CYCLES` cycles."""
-    cycles = [r for r in records if r.get(clock) is not None]
-    if len(cycles) < MIN_CYCLES:
-        return 0.0, 0.0
-    a = np.asarray([[1.0, r["num_seqs"]] for r in cycles])
-    y = np.asarray([r[clock] - r["execute_cpu_s"] for r in cycles])
-    step_s, seq_s = nonnegative_lstsq(a, y)
-    return float(step_s), float(seq_s)
+    return _fit_cycles(records, (clock,), "num_seqs", lambda r: r[clock] - r["execute_cpu_s"])
 
 
 def fit_other_threads(records: Sequence[Mapping[str, float]]) -> tuple[float, float]:
@@ -124,17 +118,25 @@ def fit_other_threads(records: Sequence[Mapping[str, float]]) -> tuple[float, fl
     spent over its measured cycles: the process's CPU less the engine thread's. On a decode
     node mostly its HTTP thread streaming the step's records (and the transfer library's
     threads); (0, 0) with fewer than `MIN_CYCLES` cycles that measured both."""
-    cycles = [
-        r
-        for r in records
-        if r.get("cycle_cpu_s") is not None and r.get("cycle_thread_cpu_s") is not None
-    ]
+    clocks = ("cycle_cpu_s", "cycle_thread_cpu_s")
+    return _fit_cycles(records, clocks, "num_sampled", lambda r: r[clocks[0]] - r[clocks[1]])
+
+
+def _fit_cycles(
+    records: Sequence[Mapping[str, float]],
+    clocks: tuple[str, ...],
+    per: str,
+    spent: Callable[[Mapping[str, float]], float],
+) -> tuple[float, float]:
+    """`spent` over the cycles that measured `clocks`, fitted as a constant plus a cost per
+    unit of `per` (both non-negative); (0, 0) with fewer than `MIN_CYCLES` cycles."""
+    cycles = [r for r in records if all(r.get(c) is not None for c in clocks)]
     if len(cycles) < MIN_CYCLES:
         return 0.0, 0.0
-    a = np.asarray([[1.0, r["num_sampled"]] for r in cycles])
-    y = np.asarray([r["cycle_cpu_s"] - r["cycle_thread_cpu_s"] for r in cycles])
-    step_s, token_s = nonnegative_lstsq(a, y)
-    return float(step_s), float(token_s)
+    a = np.asarray([[1.0, r[per]] for r in cycles])
+    y = np.asarray([spent(r) for r in cycles])
+    constant, each = nonnegative_lstsq(a, y)
+    return float(constant), float(each)
 
 
 def mean_host_overhead(records: Sequence[Mapping[str, float]], process_cpu_s: float) -> float:

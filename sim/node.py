@@ -58,12 +58,15 @@ class SimNode:
         self.busy_s = 0.0
         self.last_step_s = 0.0  # the duration of the last step
         self.kv_usage_s = 0.0  # KV usage at each step's start, times the step's duration
-        self.num_steps = 0
         self.batch_sizes: Counter[int] = Counter()  # steps by the requests in them
         self.num_tokens = 0  # computed by its steps
         self.dead = False  # a killed node ignores its pending events and messages
         self.died_s: float | None = None
         self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+
+    @property
+    def num_steps(self) -> int:
+        return sum(self.batch_sizes.values())
 
     def deliver(self, handler: Callable[..., None], *args: Any) -> None:
         """A message arrived: `handler(*args)` now, or after the step in progress."""
@@ -100,7 +103,6 @@ class SimNode:
             self.publish()
             return
         self.stepping = True
-        self.num_steps += 1
         self.batch_sizes[len(out.scheduled)] += 1
         self.num_tokens += out.total_num_scheduled_tokens
         work = self.step_model.step_time(step_shape(out))
