@@ -10,10 +10,13 @@ remainder against the batch size. `GET /debug/steps` serves the log.
 A cycle is measured only between two steps with no wait between them (the loop stayed
 busy); a step after which the loop may wait keeps `cycle_s` None. Every step measures its
 tail: the engine thread's CPU from the runner's end to the loop's next wait or next step
-(`tail_thread_cpu_s`: what the loop does for the step after the model, such as a prefill
-worker posting its KV writes and publishing its KV events; not the polls while an idle
-loop waits, but on a busy prefill worker it holds the bounded wait for finished jobs' last
-writes before its next step).
+(`tail_thread_cpu_s`, and `tail_s` on the host's clock: what the loop does for the step
+after the model, such as a prefill worker posting its KV writes and publishing its KV
+events; not the polls while an idle loop waits, but on a busy prefill worker it holds the
+bounded wait for finished jobs' last writes before its next step, which the next step's
+record gives apart as `writes_wait_s`). Between two busy steps, then, the wall from one
+runner's end to the next one's start is the tail: the loop's own work, the wait for last
+writes, and the time the engine thread waited for a core or the interpreter lock.
 
 `execute_switches` counts the times the engine thread left its core inside the model
 runner (it waited for the interpreter lock, which the HTTP thread takes to stream records,
@@ -84,6 +87,10 @@ class StepRecord:
     cycle_switches: int | None = None  # the engine thread's context switches over the same
     # the engine thread's CPU from the runner's end to the loop's next wait or next step
     tail_thread_cpu_s: float | None = None
+    tail_s: float | None = None  # wall over the same
+    # wall the loop spent before this step waiting for finished jobs' last KV writes (a
+    # prefill worker's bounded wait; part of the previous step's tail)
+    writes_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,14 +114,15 @@ class StepLog:
         self._records: deque[StepRecord] = deque(maxlen=capacity)
         self._seq = 0
         self._open: tuple[StepRecord, Clocks] | None = None  # the cycle and its start
-        # the last step's record and its runner's end on the engine thread's CPU clock,
-        # until its tail ends
-        self._tail: tuple[StepRecord, float] | None = None
+        # the last step's record and its runner's end on the engine thread's CPU clock and
+        # the host's, until its tail ends
+        self._tail: tuple[StepRecord, float, float] | None = None
+        self._writes_wait_s = 0.0  # waited for last writes since the last step
 
     def begin(self) -> Clocks:
         """A step starts: close the previous cycle; returns the clocks `end` needs."""
         clocks = Clocks.now()
-        self._end_tail(clocks.thread)
+        self._end_tail(clocks.thread, clocks.wall)
         if self._open is not None:
             record, start = self._open
             record.cycle_s, record.cycle_cpu_s = clocks.wall - start.wall, clocks.cpu - start.cpu
@@ -138,21 +146,27 @@ class StepLog:
             now - wall,
             thread - thread0,
             _delta(switches0, switches),
+            writes_wait_s=self._writes_wait_s,
         )
+        self._writes_wait_s = 0.0
         self._records.append(record)
         self._open = (record, clocks)
-        self._tail = (record, thread)
+        self._tail = (record, thread, now)
+
+    def writes_waited(self, seconds: float) -> None:
+        """The loop waited `seconds` for finished jobs' last writes before its next step."""
+        self._writes_wait_s += seconds
 
     def wait(self) -> None:
         """The loop may wait before its next step: the open cycle is not a cycle."""
         self._open = None
-        if self._tail is not None:  # the loop waits often: read the clock only when needed
-            self._end_tail(time.thread_time())
+        if self._tail is not None:  # the loop waits often: read the clocks only when needed
+            self._end_tail(time.thread_time(), time.monotonic())
 
-    def _end_tail(self, thread: float) -> None:
+    def _end_tail(self, thread: float, wall: float) -> None:
         if self._tail is not None:
-            record, end = self._tail
-            record.tail_thread_cpu_s = thread - end
+            record, end, end_wall = self._tail
+            record.tail_thread_cpu_s, record.tail_s = thread - end, wall - end_wall
             self._tail = None
 
     @property

@@ -227,7 +227,8 @@ class PrefillWorker:
         waiting = self._finishing()
         if not waiting:
             return
-        deadline = time.monotonic() + LAST_WRITE_WAIT_SHARE * self.last_step_s
+        start = time.monotonic()
+        deadline = start + LAST_WRITE_WAIT_SHARE * self.last_step_s
         while True:  # at least once: a write that was in flight may be done by now
             self.poll()
             if not self._finishing() or time.monotonic() >= deadline:
@@ -235,6 +236,7 @@ class PrefillWorker:
             time.sleep(_LAST_WRITE_POLL_S)
         for job in waiting:
             job.waited = True
+        self.core.steps.writes_waited(time.monotonic() - start)
 
     def _finishing(self) -> list[Job]:
         """The jobs that have their first token, wait only for their writes, and have not

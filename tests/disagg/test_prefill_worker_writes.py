@@ -142,6 +142,9 @@ def test_a_busy_worker_notifies_a_finished_job_before_its_next_step():
         bounded(machine.worker.step)
         machine.worker.poll()
     assert log.index(f"notify {first}") < log.index("step 2"), log
+    # the step log gives the wait apart: step 2 waited, step 1 had nothing to wait for
+    one, two = machine.worker.core.steps.since()
+    assert one["writes_wait_s"] == 0 < two["writes_wait_s"] <= one["tail_s"]
     machine.worker.poll()  # idle now: the loop polls again within a millisecond
     assert f"notify {second}" in log and not machine.worker.jobs
     assert machine.worker.core.kv.check_integrity().in_use == 0

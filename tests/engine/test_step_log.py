@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tandem.engine.step_log import StepLog, StepWork, attention_pairs
 
 
@@ -63,6 +65,22 @@ def test_a_step_s_tail_is_the_loop_s_cpu_after_the_runner_until_it_waits_or_step
     assert work <= first["tail_thread_cpu_s"] < work + polls / 2
     assert 0 <= second["tail_thread_cpu_s"] < work / 10
     assert third["tail_thread_cpu_s"] is None  # nothing has followed it yet
+    # on the host's clock too: the thread's CPU is part of its wall
+    assert first["tail_s"] >= first["tail_thread_cpu_s"]
+    assert second["start_s"] - first["start_s"] - first["execute_s"] >= first["tail_s"]
+    gap = third["start_s"] - second["start_s"] - second["execute_s"]
+    assert gap == pytest.approx(second["tail_s"], abs=1e-9)  # float rounding of the clock
+    assert third["tail_s"] is None
+
+
+def test_a_wait_for_last_writes_is_kept_on_the_step_after_it():
+    log = StepLog()
+    run_step(log, 1)
+    log.writes_waited(0.002)
+    log.writes_waited(0.001)  # two waits before one step add up
+    run_step(log, 1)
+    run_step(log, 1)
+    assert [r["writes_wait_s"] for r in log.since()] == [0.0, 0.003, 0.0]
 
 
 def test_since_returns_only_later_steps_and_the_log_is_bounded():
