@@ -76,7 +76,10 @@ from tandem.sim.calibration import (
     fit_logged_profile,
     fit_other_threads,
     fit_role_overhead,
+    lag_correlation,
     mean_tail,
+    spread_of,
+    step_residuals,
 )
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.interference import fit_interference, prefill_overlaps, without_interference
@@ -89,6 +92,9 @@ from tandem.sim.workload import SimRequest, fit_lengths, scale_load
 from tests.disagg.nodes import metric_value
 
 TRACE = "/work/shared/traces/mooncake_conversation_trace.jsonl"
+# Steps whose runner times correlate less than this from one to the next get the measured
+# spread in the simulation (`independent`).
+INDEPENDENT_LAG = 0.3
 
 
 def parse_args() -> argparse.Namespace:
@@ -436,6 +442,10 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
         "attention": _attention(fitted.attention_efficiency),
         "interference": f"{100 * k:.1f}% per prefill step",
     }
+    spreads = {role: step_spread(logs, role, shape, fitted) for role in ("decode", "prefill")}
+    record["spread"] = _spread_record(spreads)
+    applied = {f"{role}_step_spread": s for role, (s, lag) in spreads.items() if independent(lag)}
+    fitted = dataclasses.replace(fitted, **applied)
     for role in ("decode", "prefill"):
         mine = [r for role_of, steps in logs.values() if role_of == role for r in steps]
         step_s, seq_s = fit_role_overhead(mine, real["cpu_s"].get(role, 0.0))
@@ -482,6 +492,34 @@ def _threads(records: list[dict]) -> str:
     return (
         f"engine thread {1e3 * engine[0]:.3f} ms + {1e3 * engine[1]:.3f} ms/seq, other "
         f"threads {1e3 * other[0]:.3f} ms + {1e3 * other[1]:.3f} ms/token"
+    )
+
+
+def step_spread(
+    logs: dict[str, tuple[str, list[dict]]], role: str, shape, profile: DeviceProfile
+) -> tuple[float, float]:
+    """A role's steps around the fitted model: the spread of their runner CPU (log, over
+    all its nodes) and the mean over its nodes of the correlation of each step's with the
+    next one's."""
+    per_node = [step_residuals(steps, shape, profile) for r, steps in logs.values() if r == role]
+    lags = [lag_correlation(x) for x in per_node if len(x) >= 3]
+    return spread_of([x for xs in per_node for x in xs]), sum(lags) / len(lags) if lags else 0.0
+
+
+def independent(lag: float) -> bool:
+    """Whether steps whose residuals correlate by `lag` from one to the next vary
+    independently enough for the simulation's independent draws (`sim/step_spread.py`): a
+    decode node's slow steps come in spells (lag 0.7 here), its prompt steps do not (under
+    0.3)."""
+    return lag < INDEPENDENT_LAG
+
+
+def _spread_record(spreads: dict[str, tuple[float, float]]) -> str:
+    return ", ".join(
+        f"{role} {sigma:.3f} (lag-1 {lag:+.2f}"
+        + ("" if independent(lag) else ", in spells: not simulated")
+        + ")"
+        for role, (sigma, lag) in spreads.items()
     )
 
 

@@ -13,6 +13,7 @@ that would go negative is dropped and the rest refitted).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -101,6 +102,36 @@ def fit_logged_profile(
     """`fit_profile` on the model runner's own CPU time of logged steps: the engine as it
     ran inside the deployment, beside the others, rather than alone."""
     return fit_profile([(logged_step(r), r["execute_cpu_s"]) for r in records], shape, base)
+
+
+def step_residuals(
+    records: Sequence[Mapping[str, float]], shape: ModelShape, profile: DeviceProfile
+) -> list[float]:
+    """Per logged step (in the log's order), the logarithm of the model runner's CPU over
+    what `profile` models for it (the runner's part alone, no host work)."""
+    model = StepTimeModel(shape, profile)
+    return [math.log(r["execute_cpu_s"] / model.step_time(logged_step(r))) for r in records]
+
+
+def spread_of(residuals: Sequence[float]) -> float:
+    """The standard deviation of log-residuals, robustly: half the distance between their
+    16th and 84th percentiles (one standard deviation each side for a normal
+    distribution), so that a few steps the host delayed do not set it; 0 with fewer than
+    `MIN_CYCLES` residuals."""
+    if len(residuals) < MIN_CYCLES:
+        return 0.0
+    low, high = np.percentile(residuals, [16, 84])
+    return float(high - low) / 2
+
+
+def lag_correlation(residuals: Sequence[float]) -> float:
+    """The correlation of each residual with the next (one node's steps in order): near
+    0 where the steps vary independently, near 1 where slow steps come in long spells;
+    0 with fewer than three or no spread."""
+    x = np.asarray(residuals, dtype=float)
+    if len(x) < 3 or x[:-1].std() == 0 or x[1:].std() == 0:
+        return 0.0
+    return float(np.corrcoef(x[:-1], x[1:])[0, 1])
 
 
 def fit_host_overhead(

@@ -34,6 +34,7 @@ from tandem.sim.router import (
 )
 from tandem.sim.shapes import ModelShape
 from tandem.sim.step_model import StepTimeModel
+from tandem.sim.step_spread import StepSpread
 from tandem.sim.transfer_model import TransferModel
 from tandem.sim.workload import SimRequest
 
@@ -146,6 +147,7 @@ class Cluster:
         self.faults = faults or Faults()
         self.events = EventQueue()
         self.cores = host_cores(self.events, profile)
+        self.spread = StepSpread(seed)  # the steps' spread around the model, if any
         # on a CPU host, the router's event loop and the clients' (one process each)
         self.router_process = HostProcess(self.cores)
         self.client_process = HostProcess(self.cores)

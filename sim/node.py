@@ -1,6 +1,7 @@
 """One simulated node: the real `Scheduler`, `KVCacheManager` and `BlockPool`, stepped in
-simulated time. The model is the only stand-in: a step takes the step-time model's time and
-samples a fixed token for every request whose computed tokens reach its end.
+simulated time. The model is the only stand-in: a step takes the step-time model's time
+(times a factor drawn for it where the profile gives the role's steps a spread) and samples
+a fixed token for every request whose computed tokens reach its end.
 
 The loop mirrors a node's engine thread (`decode_node/server.py`, `prefill_node/server.py`):
 schedule, run the step, update from its output, publish KV events and load. Messages
@@ -105,10 +106,12 @@ class SimNode:
         self.stepping = True
         self.batch_sizes[len(out.scheduled)] += 1
         self.num_tokens += out.total_num_scheduled_tokens
-        work = self.step_model.step_time(step_shape(out))
+        profile = self.cluster.profile
+        factor = self.cluster.spread.factor(profile.step_spread(self.role))
+        work = self.step_model.step_time(step_shape(out), factor)
         now = self.cluster.events.now
         cores = self.cluster.cores
-        run_s = self.cluster.profile.host_run_s(self.role)
+        run_s = profile.host_run_s(self.role)
         args = (out, now, self.kv.usage())
         cores.start(self, work, self._end_step, *args, role=self.role, process=self, slice_s=run_s)
         # its duration: the work alone, stretched while other steps share the host's cores

@@ -95,6 +95,13 @@ class DeviceProfile:
     host_time_slice_s: float = 0.0
     host_decode_run_s: float = 0.0
     host_prefill_run_s: float = 0.0
+    # The spread of a role's steps around the model: the model runner's time of each step
+    # is the model's times a factor drawn from a log-normal distribution of mean one with
+    # this standard deviation of its logarithm (`sim/step_spread.py`), independently step
+    # by step. 0: every step takes exactly the model's time. Measured from the nodes' step
+    # logs by bench/sim_validate.py where it is independent from step to step.
+    decode_step_spread: float = 0.0
+    prefill_step_spread: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("peak_flops", "mem_bandwidth", "kv_link_bandwidth", "attention_efficiency"):
@@ -104,6 +111,7 @@ class DeviceProfile:
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"profile {self.name!r}: {name} must be in (0, 1]")
         host = [f.name for f in fields(self) if f.name.startswith("host_")]
+        host += ["decode_step_spread", "prefill_step_spread"]
         for name in host:
             if getattr(self, name) < 0:
                 raise ValueError(f"profile {self.name!r}: {name} must not be negative")
@@ -112,6 +120,10 @@ class DeviceProfile:
         """How long a `role` node's engine thread runs before it yields its core (None:
         until the kernel's slice ends)."""
         return {"decode": self.host_decode_run_s, "prefill": self.host_prefill_run_s}[role] or None
+
+    def step_spread(self, role: str) -> float:
+        """The standard deviation of the logarithm of a `role` node's step-time factor."""
+        return {"decode": self.decode_step_spread, "prefill": self.prefill_step_spread}[role]
 
     def host_overhead(self, role: str) -> tuple[float, float]:
         """(per step, per sequence) seconds of a `role` node's work outside the model."""

@@ -69,7 +69,9 @@ class StepTimeModel:
         comm = 2 * m.num_layers * total * m.hidden_size * self.profile.dtype_bytes
         return StepCost(flops, attention, self._weight_bytes + kv_read + kv_write, comm)
 
-    def step_time(self, step: StepShape) -> float:
+    def step_time(self, step: StepShape, factor: float = 1.0) -> float:
+        """Seconds of the step; `factor` scales the model runner's part (the profile's
+        `step_spread` drawn for this step), not the node's host work around it."""
         p, tp = self.profile, self.tp
         cost = self.cost(step)
         weights = cost.flops - cost.attention_flops
@@ -80,9 +82,9 @@ class StepTimeModel:
         if tp > 1:  # ring all-reduce: 2 (tp-1)/tp of the activations per device, per layer x2
             work += 2 * self.shape.num_layers * p.tp_latency_s
             work += cost.comm_bytes * 2 * (tp - 1) / tp / p.tp_bandwidth
-        overhead = p.step_overhead_s + self._host_step
-        overhead += (p.seq_overhead_s + self._host_seq) * step.num_seqs
-        return overhead + p.token_overhead_s * step.num_sampled + work
+        runner = p.step_overhead_s + p.seq_overhead_s * step.num_seqs + work
+        host = self._host_step + self._host_seq * step.num_seqs
+        return factor * runner + host + p.token_overhead_s * step.num_sampled
 
     def kv_blocks_per_device(self, block_size: int) -> int:
         """KV blocks that fit beside this rank's share of the weights."""

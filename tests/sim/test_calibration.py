@@ -4,6 +4,7 @@ from a node's step log (`GET /debug/steps` records), the engine's and the node's
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -16,10 +17,13 @@ from tandem.sim.calibration import (
     fit_other_threads,
     fit_profile,
     fit_role_overhead,
+    lag_correlation,
     logged_step,
     mean_host_overhead,
     mean_tail,
     nonnegative_lstsq,
+    spread_of,
+    step_residuals,
 )
 from tandem.sim.profiles import load_profile
 from tandem.sim.shapes import SHAPES
@@ -116,6 +120,35 @@ def test_the_logged_fits_recover_the_engine_and_the_nodes_work_outside_it():
     assert fit_host_overhead(records) == pytest.approx(outside, rel=1e-6)
     cycles = [r for r in records if r["cycle_cpu_s"] is not None]
     assert fit_host_overhead(cycles[: MIN_CYCLES - 1]) == (0.0, 0.0)  # too few to split
+
+
+def test_the_steps_spread_around_the_model_and_whether_slow_steps_come_in_spells():
+    shape, truth = SHAPES["llama-3-8b"], cpu_truth()
+    model = StepTimeModel(shape, truth)
+    steps, sigma = random_steps(4, 2000), 0.15
+    z = np.random.default_rng(5).standard_normal(len(steps))
+    spells = np.empty_like(z)  # each step's factor follows the last one's (unit variance)
+    spells[0] = z[0]
+    for i in range(1, len(z)):
+        spells[i] = 0.8 * spells[i - 1] + 0.6 * z[i]
+
+    def logged(noise: np.ndarray) -> list[dict]:
+        times = [model.step_time(s) * math.exp(sigma * x) for s, x in zip(steps, noise)]
+        return [log_record(s, t, None) for s, t in zip(steps, times)]
+
+    independent = step_residuals(logged(z), shape, truth)
+    assert independent == pytest.approx(sigma * z, abs=1e-9)
+    # 2000 draws: the estimates' standard errors are ~1/45 of what they estimate, or less
+    assert spread_of(independent) == pytest.approx(sigma, rel=0.1)
+    assert abs(lag_correlation(independent)) < 0.1
+    in_spells = step_residuals(logged(spells), shape, truth)
+    assert spread_of(in_spells) == pytest.approx(sigma, rel=0.15)
+    assert lag_correlation(in_spells) == pytest.approx(0.8, abs=0.1)
+    # a few steps the host delayed (x20) do not set the spread; too few steps set nothing
+    delayed = [*independent[:-20], *[math.log(20.0)] * 20]
+    assert spread_of(delayed) == pytest.approx(sigma, rel=0.1)
+    assert spread_of(independent[: MIN_CYCLES - 1]) == 0.0
+    assert lag_correlation([0.1, 0.1, 0.1]) == 0.0
 
 
 def test_a_node_s_other_threads_cpu_is_fitted_per_step_and_token():
