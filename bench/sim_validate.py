@@ -71,14 +71,14 @@ from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
 from tandem.sim.calibration import (
     UNBOUNDED_RATE,
+    Spread,
     engine_run_length,
     fit_host_overhead,
     fit_logged_profile,
     fit_other_threads,
     fit_role_overhead,
-    lag_correlation,
+    fit_spread,
     mean_tail,
-    spread_of,
     step_residuals,
 )
 from tandem.sim.cluster import ClusterConfig
@@ -128,6 +128,14 @@ def parse_args() -> argparse.Namespace:
         "run, from /proc/stat less the deployment's own CPU) or 'none'",
     )
     p.add_argument("--repeat", type=int, default=1, help="real runs (fresh deployments)")
+    p.add_argument("--seed", type=int, default=0, help="the simulation's draws (steps' spread)")
+    p.add_argument(
+        "--sim-seeds",
+        type=int,
+        default=5,
+        help="simulations per run where the steps spread (seeds from --seed); figures are "
+        "their medians",
+    )
     p.add_argument(
         "--max-load",
         type=float,
@@ -362,7 +370,31 @@ def node_steps(base: str, since: dict[str, int]) -> dict[str, tuple[str, list[di
     return out
 
 
-def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, float]:
+def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict:
+    """The simulation of `requests`, once per seed where the profile draws a step spread
+    (`--sim-seeds` of them from `--seed`): each figure the median over the seeds (a single
+    draw of the steps moves a p90 by several percent), the requests' own times the first
+    seed's."""
+    draws = any(profile.step_spread(role)[1] for role in ("decode", "prefill"))
+    seeds = range(args.seed, args.seed + (args.sim_seeds if draws else 1))
+    return median_of([simulate_once(args, model, profile, requests, seed) for seed in seeds])
+
+
+def median_of(sims: list[dict]) -> dict:
+    """Each number (and each number of a mapping) the median over `sims`; anything else
+    the first one's."""
+    out = {}
+    for key, value in sims[0].items():
+        if isinstance(value, dict):
+            out[key] = {k: float(np.median([s[key][k] for s in sims])) for k in value}
+        elif isinstance(value, (int, float)):
+            out[key] = float(np.median([s[key] for s in sims]))
+        else:
+            out[key] = value
+    return out
+
+
+def simulate_once(args, model: str, profile, requests: list[SimRequest], seed: int) -> dict:
     config = ClusterConfig(
         num_prefill=args.prefill,
         num_decode=args.decode,
@@ -371,7 +403,7 @@ def run_sim(args, model: str, profile, requests: list[SimRequest]) -> dict[str, 
         num_kv_blocks=args.num_kv_blocks,
         max_model_len=args.max_model_len,
     )
-    cluster, records = run_cluster(config, load_shape(model), profile, requests)
+    cluster, records = run_cluster(config, load_shape(model), profile, requests, seed=seed)
     s = summarize(cluster, records, SLO())
     return {
         "requests": [  # in arrival order, as the real ones
@@ -442,10 +474,11 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
         "attention": _attention(fitted.attention_efficiency),
         "interference": f"{100 * k:.1f}% per prefill step",
     }
-    spreads = {role: step_spread(logs, role, shape, fitted) for role in ("decode", "prefill")}
+    spreads = {
+        role: role_spread(logs, role, shape, fitted, prefill, k) for role in ("decode", "prefill")
+    }
     record["spread"] = _spread_record(spreads)
-    applied = {f"{role}_step_spread": s for role, (s, lag) in spreads.items() if independent(lag)}
-    fitted = dataclasses.replace(fitted, **applied)
+    fitted = dataclasses.replace(fitted, **spread_fields(spreads))
     for role in ("decode", "prefill"):
         mine = [r for role_of, steps in logs.values() if role_of == role for r in steps]
         step_s, seq_s = fit_role_overhead(mine, real["cpu_s"].get(role, 0.0))
@@ -495,31 +528,51 @@ def _threads(records: list[dict]) -> str:
     )
 
 
-def step_spread(
-    logs: dict[str, tuple[str, list[dict]]], role: str, shape, profile: DeviceProfile
-) -> tuple[float, float]:
-    """A role's steps around the fitted model: the spread of their runner CPU (log, over
-    all its nodes) and the mean over its nodes of the correlation of each step's with the
-    next one's."""
-    per_node = [step_residuals(steps, shape, profile) for r, steps in logs.values() if r == role]
-    lags = [lag_correlation(x) for x in per_node if len(x) >= 3]
-    return spread_of([x for xs in per_node for x in xs]), sum(lags) / len(lags) if lags else 0.0
+def role_spread(
+    logs: dict[str, tuple[str, list[dict]]],
+    role: str,
+    shape,
+    profile: DeviceProfile,
+    prefill: list[dict],
+    k: float,
+) -> Spread:
+    """A role's steps around the fitted model (`sim.calibration.fit_spread`), each node's
+    in its log's order; the decode steps' runner CPU as if no prefill step ran beside them
+    (`k`, the interference the simulation models apart)."""
+    per_node = []
+    for role_of, steps in logs.values():
+        if role_of != role:
+            continue
+        if role == "decode" and k:
+            steps = without_interference(steps, prefill_overlaps(steps, prefill), k)
+        per_node.append(step_residuals(steps, shape, profile))
+    return fit_spread(per_node)
 
 
 def independent(lag: float) -> bool:
     """Whether steps whose residuals correlate by `lag` from one to the next vary
     independently enough for the simulation's independent draws (`sim/step_spread.py`): a
-    decode node's slow steps come in spells (lag 0.7 here), its prompt steps do not (under
-    0.3)."""
+    decode node's slow steps come in spells (lag 0.6-0.8 here), its prompt steps do not
+    (mostly under 0.1)."""
     return lag < INDEPENDENT_LAG
 
 
-def _spread_record(spreads: dict[str, tuple[float, float]]) -> str:
+def spread_fields(spreads: dict[str, Spread]) -> dict[str, float]:
+    """The profile's spread fields for the roles whose steps vary independently."""
+    fields = {}
+    for role, spread in spreads.items():
+        if independent(spread.lag):
+            fields[f"{role}_step_scale"] = spread.scale
+            fields[f"{role}_step_spread"] = spread.sigma
+    return fields
+
+
+def _spread_record(spreads: dict[str, Spread]) -> str:
     return ", ".join(
-        f"{role} {sigma:.3f} (lag-1 {lag:+.2f}"
-        + ("" if independent(lag) else ", in spells: not simulated")
+        f"{role} x{s.scale:.3f}, spread {s.sigma:.3f} (lag-1 {s.lag:+.2f}"
+        + ("" if independent(s.lag) else ", in spells: not simulated")
         + ")"
-        for role, (sigma, lag) in spreads.items()
+        for role, s in spreads.items()
     )
 
 
@@ -707,6 +760,8 @@ def print_run(i: int, run: dict) -> None:
 
 def main() -> None:
     args = parse_args()
+    if args.sim_seeds < 1:
+        raise SystemExit("error: --sim-seeds must be at least 1")
     profile = load_profile(args.profile)
     if args.background_load not in ("measured", "none"):
         profile = dataclasses.replace(profile, host_background_load=float(args.background_load))

@@ -12,11 +12,13 @@ busy); a step after which the loop may wait keeps `cycle_s` None. Every step mea
 tail: the engine thread's CPU from the runner's end to the loop's next wait or next step
 (`tail_thread_cpu_s`, and `tail_s` on the host's clock: what the loop does for the step
 after the model, such as a prefill worker posting its KV writes and publishing its KV
-events; not the polls while an idle loop waits, but on a busy prefill worker it holds the
-bounded wait for finished jobs' last writes before its next step, which the next step's
-record gives apart as `writes_wait_s`). Between two busy steps, then, the wall from one
-runner's end to the next one's start is the tail: the loop's own work, the wait for last
-writes, and the time the engine thread waited for a core or the interpreter lock.
+events; not the polls while an idle loop waits). A prefill worker waits a bounded time for
+finished jobs' last writes before a step; the step's record gives that wait as
+`writes_wait_s`. Between two steps with no wait between them (the first one's `cycle_s`
+set) the wall from one runner's end to the next one's start is the first one's tail: the
+loop's own work, that wait for last writes, and the time the engine thread waited for a
+core or the interpreter lock. After a wait (the common case on a prefill worker, whose
+steps take every prompt waiting), the wait for last writes comes after the tail ended.
 
 `execute_switches` counts the times the engine thread left its core inside the model
 runner (it waited for the interpreter lock, which the HTTP thread takes to stream records,
@@ -89,7 +91,8 @@ class StepRecord:
     tail_thread_cpu_s: float | None = None
     tail_s: float | None = None  # wall over the same
     # wall the loop spent before this step waiting for finished jobs' last KV writes (a
-    # prefill worker's bounded wait; part of the previous step's tail)
+    # prefill worker's bounded wait; inside the previous step's tail only when no wait
+    # came between the two)
     writes_wait_s: float = 0.0
 
 

@@ -51,7 +51,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         "--length-scale", type=float, default=1.0, help="trace: divide lengths (and blocks) by it"
     )
     w.add_argument("--time-scale", type=float, default=1.0, help="replay at this times the load")
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the workload's draws and the simulation's (faults, "
+        "the steps' spread where the device profile has one)",
+    )
     s = parser.add_argument_group("service level objective")
     s.add_argument("--slo-ttft", type=float, default=2.0, help="seconds to the first token")
     s.add_argument("--slo-tpot", type=float, default=0.1, help="seconds per later token")

@@ -108,9 +108,9 @@ def step_residuals(
     records: Sequence[Mapping[str, float]], shape: ModelShape, profile: DeviceProfile
 ) -> list[float]:
     """Per logged step (in the log's order), the logarithm of the model runner's CPU over
-    what `profile` models for it (the runner's part alone, no host work)."""
+    what `profile` models for it (`StepTimeModel.runner_time`: no host work)."""
     model = StepTimeModel(shape, profile)
-    return [math.log(r["execute_cpu_s"] / model.step_time(logged_step(r))) for r in records]
+    return [math.log(r["execute_cpu_s"] / model.runner_time(logged_step(r))) for r in records]
 
 
 def spread_of(residuals: Sequence[float]) -> float:
@@ -132,6 +132,29 @@ def lag_correlation(residuals: Sequence[float]) -> float:
     if len(x) < 3 or x[:-1].std() == 0 or x[1:].std() == 0:
         return 0.0
     return float(np.corrcoef(x[:-1], x[1:])[0, 1])
+
+
+@dataclasses.dataclass(frozen=True)
+class Spread:
+    """A role's steps around the model (`sim/step_spread.py`)."""
+
+    scale: float  # the median of the runner's time over the model
+    sigma: float  # the standard deviation of its logarithm, from step to step on a node
+    lag: float  # the correlation of a step's log-residual with the next one's on its node
+
+
+def fit_spread(per_node: Sequence[Sequence[float]]) -> Spread:
+    """From each node's log-residuals (`step_residuals`, in its log's order): the median
+    of all of them; their spread within nodes (each node's less its own median, pooled, so
+    that a node that runs faster than another all along is not counted as spread); the
+    mean over the nodes of their lag-1 correlation."""
+    pooled = [x for xs in per_node for x in xs]
+    if not pooled:
+        return Spread(1.0, 0.0, 0.0)
+    centred = [x - float(np.median(xs)) for xs in per_node for x in xs]
+    lags = [lag_correlation(xs) for xs in per_node if len(xs) >= 3]
+    lag = sum(lags) / len(lags) if lags else 0.0
+    return Spread(math.exp(float(np.median(pooled))), spread_of(centred), lag)
 
 
 def fit_host_overhead(

@@ -101,7 +101,9 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: --load-factors: {exc}") from exc
     requests = workload(args, shape.vocab_size)
     try:
-        result = sweep(config, shape, profile, requests, slo(args), factors, faults(args))
+        result = sweep(
+            config, shape, profile, requests, slo(args), factors, faults(args), args.seed
+        )
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from exc
     for r in result["runs"]:

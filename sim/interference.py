@@ -13,15 +13,13 @@ batch, over the prefill steps overlapping it: ratio = a (1 + k x overlap).
 from __future__ import annotations
 
 import bisect
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tandem.sim.calibration import logged_step
+from tandem.sim.calibration import step_residuals
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.shapes import ModelShape
-from tandem.sim.step_model import StepTimeModel
 
 # Fewer decode steps than this with a prefill step beside them, or alone: no interference
 # is fitted (the slope would be noise).
@@ -52,9 +50,7 @@ def fit_interference(
     """`k`, from the decode steps' runner CPU over `profile`'s prediction for each batch
     against their `overlaps`; 0 with too few steps alone or beside a prefill step, or a
     slope that is not positive."""
-    engine = dataclasses.replace(profile, decode_step_overhead_s=0.0, decode_seq_overhead_s=0.0)
-    model = StepTimeModel(shape, engine, 1, "decode")  # the runner's part alone
-    ratio = np.asarray([r["execute_cpu_s"] / model.step_time(logged_step(r)) for r in decode])
+    ratio = np.exp(step_residuals(decode, shape, profile))  # over the runner's part alone
     x = np.asarray(overlaps, dtype=float)
     if min(int((x == 0).sum()), int((x > 0).sum())) < MIN_STEPS:
         return 0.0

@@ -107,7 +107,7 @@ class SimNode:
         self.batch_sizes[len(out.scheduled)] += 1
         self.num_tokens += out.total_num_scheduled_tokens
         profile = self.cluster.profile
-        factor = self.cluster.spread.factor(profile.step_spread(self.role))
+        factor = self.cluster.spread.factor(*profile.step_spread(self.role))
         work = self.step_model.step_time(step_shape(out), factor)
         now = self.cluster.events.now
         cores = self.cluster.cores

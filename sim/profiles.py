@@ -95,16 +95,20 @@ class DeviceProfile:
     host_time_slice_s: float = 0.0
     host_decode_run_s: float = 0.0
     host_prefill_run_s: float = 0.0
-    # The spread of a role's steps around the model: the model runner's time of each step
-    # is the model's times a factor drawn from a log-normal distribution of mean one with
-    # this standard deviation of its logarithm (`sim/step_spread.py`), independently step
-    # by step. 0: every step takes exactly the model's time. Measured from the nodes' step
-    # logs by bench/sim_validate.py where it is independent from step to step.
+    # A role's steps around the model: the model runner's time of each step is the model's
+    # times a factor drawn, step by step and independently, from a log-normal distribution
+    # of median `*_step_scale` and this standard deviation of its logarithm
+    # (`sim/step_spread.py`). Spread 0 and scale 1: every step takes exactly the model's
+    # time. Measured from the nodes' step logs by bench/sim_validate.py, for a role whose
+    # steps vary independently from one to the next.
     decode_step_spread: float = 0.0
     prefill_step_spread: float = 0.0
+    decode_step_scale: float = 1.0
+    prefill_step_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("peak_flops", "mem_bandwidth", "kv_link_bandwidth", "attention_efficiency"):
+        positive = ("peak_flops", "mem_bandwidth", "kv_link_bandwidth", "attention_efficiency")
+        for name in (*positive, "decode_step_scale", "prefill_step_scale"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be positive")
         for name in ("compute_efficiency", "bandwidth_efficiency", "memory_utilization"):
@@ -121,9 +125,12 @@ class DeviceProfile:
         until the kernel's slice ends)."""
         return {"decode": self.host_decode_run_s, "prefill": self.host_prefill_run_s}[role] or None
 
-    def step_spread(self, role: str) -> float:
-        """The standard deviation of the logarithm of a `role` node's step-time factor."""
-        return {"decode": self.decode_step_spread, "prefill": self.prefill_step_spread}[role]
+    def step_spread(self, role: str) -> tuple[float, float]:
+        """A `role` node's step-time factor: its median and the standard deviation of its
+        logarithm."""
+        if role == "decode":
+            return self.decode_step_scale, self.decode_step_spread
+        return self.prefill_step_scale, self.prefill_step_spread
 
     def host_overhead(self, role: str) -> tuple[float, float]:
         """(per step, per sequence) seconds of a `role` node's work outside the model."""

@@ -22,10 +22,11 @@ def simulate(
     requests: Sequence[SimRequest],
     slo: SLO,
     faults: Faults | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Run the workload on a fresh cluster; the summary, with the wall time it took."""
     start = time.perf_counter()
-    cluster, records = run_cluster(config, shape, profile, requests, faults)
+    cluster, records = run_cluster(config, shape, profile, requests, faults, seed)
     summary = summarize(cluster, records, slo)
     summary["wall_s"] = time.perf_counter() - start
     return summary
@@ -37,10 +38,12 @@ def run_cluster(
     profile: DeviceProfile,
     requests: Sequence[SimRequest],
     faults: Faults | None = None,
+    seed: int = 0,
 ) -> tuple[Cluster, list[RequestRecord]]:
     """Run the workload on a fresh cluster, its KV invariants checked at the end; the
-    cluster and the requests' records, in arrival order."""
-    cluster = Cluster(config, shape, profile, faults=faults)
+    cluster and the requests' records, in arrival order. `seed`: the cluster's draws (the
+    steps' spread, where the profile has one)."""
+    cluster = Cluster(config, shape, profile, seed, faults)
     records = cluster.run(fit_lengths(requests, config.max_model_len))
     cluster.check_integrity()
     return cluster, records
@@ -54,12 +57,13 @@ def sweep(
     slo: SLO,
     load_factors: Sequence[float],
     faults: Faults | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """The workload replayed at each load factor (arrival times divided by it)."""
     span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
     runs = []
     for factor in load_factors:
-        summary = simulate(config, shape, profile, scale_load(requests, factor), slo, faults)
+        summary = simulate(config, shape, profile, scale_load(requests, factor), slo, faults, seed)
         offered = len(requests) / (span / factor) if span > 0 else float("inf")
         runs.append({"load_factor": factor, "offered_rps": offered, **summary})
     return {

@@ -70,8 +70,17 @@ class StepTimeModel:
         return StepCost(flops, attention, self._weight_bytes + kv_read + kv_write, comm)
 
     def step_time(self, step: StepShape, factor: float = 1.0) -> float:
-        """Seconds of the step; `factor` scales the model runner's part (the profile's
-        `step_spread` drawn for this step), not the node's host work around it."""
+        """Seconds of the step; `factor` scales the model runner's part (drawn for this
+        step from the role's spread, `sim/step_spread.py`), not the node's host work around
+        it nor the per-token cost."""
+        host = self._host_step + self._host_seq * step.num_seqs
+        tokens = self.profile.token_overhead_s * step.num_sampled
+        return factor * self.runner_time(step) + host + tokens
+
+    def runner_time(self, step: StepShape) -> float:
+        """Seconds of the model runner's part of the step: the profile's step and sequence
+        overheads (fitted on the runner's own time) and the compute, memory and all-reduce
+        times."""
         p, tp = self.profile, self.tp
         cost = self.cost(step)
         weights = cost.flops - cost.attention_flops
@@ -82,9 +91,7 @@ class StepTimeModel:
         if tp > 1:  # ring all-reduce: 2 (tp-1)/tp of the activations per device, per layer x2
             work += 2 * self.shape.num_layers * p.tp_latency_s
             work += cost.comm_bytes * 2 * (tp - 1) / tp / p.tp_bandwidth
-        runner = p.step_overhead_s + p.seq_overhead_s * step.num_seqs + work
-        host = self._host_step + self._host_seq * step.num_seqs
-        return factor * runner + host + p.token_overhead_s * step.num_sampled
+        return p.step_overhead_s + p.seq_overhead_s * step.num_seqs + work
 
     def kv_blocks_per_device(self, block_size: int) -> int:
         """KV blocks that fit beside this rank's share of the weights."""

@@ -1,14 +1,16 @@
 """How much a node's steps vary around the step-time model: a factor on each step's model
-runner time, log-normal with mean one.
+runner time, log-normal, fitted to the runner's measured time over the model.
 
-A CPU engine's prompt steps take their modelled time only on the mean: the runner's CPU of
-same-shaped steps spreads by about 15% (its logarithm's standard deviation), with nothing
-to tell one step from the next (bench/sim_validate.py measures both). Waiting behind a
-step in progress takes longer the more the steps vary (a request that arrives at a random
-moment is more likely to land in a long one), so a model that times every step exactly
-its mean shortens the waits, and the tails of the time to first token most. The factor is
-drawn per step from the cluster's own generator, so a simulation with a given seed is the
-same every time.
+A CPU engine's prompt steps take their modelled time only on the whole: the runner's CPU
+for steps of one shape spreads by about 15% (the standard deviation of its logarithm),
+with nothing to tell one step from the next (bench/sim_validate.py measures both). Waiting
+behind a step in progress takes longer the more the steps vary (a request that arrives at a
+random moment is more likely to land in a long one), so a model that gives every step its
+typical time shortens the waits, and the tails of the time to first token most. The
+factor's median is measured too: the fit that makes the model weighs every step's relative
+error alike, which leaves its prediction a little off the steps' median. Factors are drawn
+per step from the cluster's own generator, so a simulation with a given seed is the same
+every time.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import random
 
 
 class StepSpread:
-    """Draws step-time factors: exp(sigma z - sigma^2 / 2), z standard normal (mean one)."""
+    """Draws step-time factors: `scale` exp(sigma z), z standard normal."""
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
 
-    def factor(self, sigma: float) -> float:
-        """One step's factor for a spread `sigma` (exactly 1 when it is 0: nothing drawn)."""
+    def factor(self, scale: float, sigma: float) -> float:
+        """One step's factor, of median `scale` and log standard deviation `sigma` (exactly
+        `scale` when `sigma` is 0: nothing drawn)."""
         if sigma <= 0.0:
-            return 1.0
-        return math.exp(sigma * self._rng.gauss(0.0, 1.0) - sigma * sigma / 2)
+            return scale
+        return scale * math.exp(sigma * self._rng.gauss(0.0, 1.0))

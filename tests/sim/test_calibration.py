@@ -17,6 +17,7 @@ from tandem.sim.calibration import (
     fit_other_threads,
     fit_profile,
     fit_role_overhead,
+    fit_spread,
     lag_correlation,
     logged_step,
     mean_host_overhead,
@@ -149,6 +150,15 @@ def test_the_steps_spread_around_the_model_and_whether_slow_steps_come_in_spells
     assert spread_of(delayed) == pytest.approx(sigma, rel=0.1)
     assert spread_of(independent[: MIN_CYCLES - 1]) == 0.0
     assert lag_correlation([0.1, 0.1, 0.1]) == 0.0
+    # two nodes, one 20% slower than the other all along: not step-to-step spread; the
+    # median is over both
+    fast, slow = list(sigma * z[:1000]), list(sigma * z[1000:] + math.log(1.2))
+    fit = fit_spread([fast, slow])
+    assert fit.sigma == pytest.approx(sigma, rel=0.1)
+    assert fit.scale == pytest.approx(math.exp(np.median(fast + slow)), rel=1e-12)
+    assert abs(fit.lag) < 0.1
+    assert fit_spread([]) == fit_spread([[]])  # nothing measured: no spread, scale 1
+    assert (fit_spread([]).scale, fit_spread([]).sigma) == (1.0, 0.0)
 
 
 def test_a_node_s_other_threads_cpu_is_fitted_per_step_and_token():

@@ -1,13 +1,26 @@
 """`tandem plan`: candidates in order of cost, the cheapest that meets the SLOs, and an
-`LLMDeployment` the operator accepts."""
+`LLMDeployment` the operator accepts; end to end from the command line."""
 
 from __future__ import annotations
+
+import re
 
 import yaml
 
 from tandem.operator.spec import parse
 from tandem.sim.cluster import ClusterConfig
-from tandem.sim.plan import Candidate, SearchSpace, candidates, deployment_yaml
+from tandem.sim.plan import Candidate, SearchSpace, candidates, deployment_yaml, search
+from tandem.sim.profiles import load_profile
+from tandem.sim.results import SLO
+from tandem.sim.shapes import SHAPES
+from tandem.sim.workload import synthetic
+from tests.sim.test_cli import tandem
+
+# 40 requests/s of 512-2048 prompt tokens: more prefill than one H100 serves within the
+# TTFT target, so the search must go past one device.
+SHAPE, H100 = SHAPES["llama-3-8b"], load_profile("h100")
+TIGHT = SLO(ttft_s=0.3, tpot_s=0.05)
+ONE_TP = SearchSpace(tp_sizes=(1,), thresholds=(0, 512), max_devices=4)
 
 
 def test_candidates_of_a_device_count_cover_tp_splits_and_thresholds():
@@ -47,3 +60,58 @@ def test_a_mixed_tp_layout_becomes_an_llmdeployment_with_per_pool_tp():
         parsed = parse(body)
         tp = (parsed.prefill.tensor_parallel_size, parsed.decode.tensor_parallel_size)
         assert tp == (layout.tp_prefill, layout.tp_decode)
+
+
+def busy_workload():
+    return synthetic(60, 40.0, (512, 2048), (8, 32), SHAPE.vocab_size, seed=0)
+
+
+def test_the_search_takes_the_fewest_devices_that_meet_the_slos_and_the_best_of_them():
+    base = ClusterConfig(max_model_len=4096)
+    best, tried = search(base, SHAPE, H100, busy_workload(), TIGHT, ONE_TP, log=lambda _: None)
+    assert best is not None and best.meets
+    devices = best.config.num_devices
+    fewer = [c for c in tried if c.config.num_devices < devices]
+    assert fewer and not any(c.meets for c in fewer)  # it had to go further, and did not skip
+    assert max(c.config.num_devices for c in tried) == devices  # it stopped there
+    rivals = [c for c in tried if c.config.num_devices == devices and c.meets]
+    assert best.summary["goodput_rps"] == max(c.summary["goodput_rps"] for c in rivals)
+    # nothing meets a target no deployment can: every device count up to the bound is tried
+    none, tried = search(
+        base, SHAPE, H100, busy_workload(), SLO(1e-4, 1e-4), ONE_TP, log=lambda _: None
+    )
+    assert none is None and max(c.config.num_devices for c in tried) == ONE_TP.max_devices
+
+
+def test_plan_prints_the_cheapest_deployment_and_writes_its_llmdeployment(tmp_path):
+    out = tmp_path / "plan.yaml"
+    result = tandem(
+        "plan", "--target-rate", "40", "--num-requests", "60", "--prompt-tokens", "512,2048",
+        "--output-tokens", "8,32", "--tp", "1", "--thresholds", "0,512", "--max-devices", "4",
+        "--slo-ttft", "0.3", "--slo-tpot", "0.05", "--max-model-len", "4096",
+        "--yaml", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    cheapest = re.search(r"^cheapest: (\d+) devices", result.stdout, re.MULTILINE)
+    assert cheapest, result.stdout
+    devices = int(cheapest.group(1))
+    met = [int(n) for n in re.findall(r"^(\d+) devices.*meets the SLOs$", result.stdout, re.M)]
+    assert met and min(met) == devices
+    body = yaml.safe_load(out.read_text())
+    assert yaml.safe_load(result.stdout[result.stdout.index("apiVersion") :]) == body
+    spec = parse(body)  # the operator takes it
+    pools = (spec.prefill, spec.decode)
+    assert sum(p.replicas * p.tensor_parallel_size for p in pools) == devices
+    assert body["spec"]["model"]["maxModelLen"] == 4096
+
+
+def test_plan_refuses_bad_input_and_says_when_nothing_meets_the_slos():
+    result = tandem("plan", "--target-rate", "0", "--num-requests", "5")
+    assert result.returncode != 0 and "--target-rate > 0" in result.stderr
+    result = tandem("plan", "--target-rate", "5", "--tp", "1,x")
+    assert result.returncode != 0 and "comma-separated integers" in result.stderr
+    result = tandem(
+        "plan", "--target-rate", "40", "--num-requests", "20", "--tp", "1", "--thresholds", "0",
+        "--max-devices", "2", "--slo-ttft", "0.0001", "--max-model-len", "4096",
+    )  # fmt: skip
+    assert result.returncode != 0 and "no deployment of up to 2" in result.stderr

@@ -1,6 +1,6 @@
-"""A role's steps spread around the step-time model: factors of mean one drawn from the
-cluster's seed, nothing drawn where the profile gives no spread, and a simulation that
-varies its prompt steps by the profile and nothing else."""
+"""A role's steps around the step-time model: factors of the asked median and spread, drawn
+from the cluster's seed, nothing drawn where the profile gives no spread, and a simulation
+that varies its prompt steps by the profile and nothing else."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from tandem.sim.cluster import Cluster, ClusterConfig
+from tandem.sim.cluster import ClusterConfig
 from tandem.sim.profiles import load_profile
 from tandem.sim.shapes import SHAPES
+from tandem.sim.simulate import run_cluster
 from tandem.sim.step_spread import StepSpread
 from tandem.sim.workload import SimRequest
 
@@ -20,22 +21,21 @@ SIGMA = 0.2
 DRAWS = 20_000
 
 
-def test_factors_have_mean_one_and_the_spread_asked_for():
+def test_factors_have_the_median_and_the_spread_asked_for():
     spread = StepSpread(seed=5)
-    factors = np.array([spread.factor(SIGMA) for _ in range(DRAWS)])
-    # the mean of DRAWS factors of standard deviation ~SIGMA: within 4 standard errors
-    assert factors.mean() == pytest.approx(1.0, abs=4 * SIGMA / math.sqrt(DRAWS))
-    # the standard deviation of a normal sample's: ~ SIGMA / sqrt(2 DRAWS)
-    assert np.log(factors).std() == pytest.approx(SIGMA, abs=4 * SIGMA / math.sqrt(2 * DRAWS))
+    logs = np.log([spread.factor(1.1, SIGMA) for _ in range(DRAWS)])
+    # a normal sample's mean and standard deviation: within 4 standard errors
+    assert logs.mean() == pytest.approx(math.log(1.1), abs=4 * SIGMA / math.sqrt(DRAWS))
+    assert logs.std() == pytest.approx(SIGMA, abs=4 * SIGMA / math.sqrt(2 * DRAWS))
 
 
 def test_the_same_seed_draws_the_same_factors_and_no_spread_draws_nothing():
     one, two, other = StepSpread(seed=1), StepSpread(seed=1), StepSpread(seed=2)
-    first = [one.factor(SIGMA) for _ in range(5)]
-    assert first == [two.factor(SIGMA) for _ in range(5)]
-    assert first != [other.factor(SIGMA) for _ in range(5)]
-    assert two.factor(0.0) == 1.0  # and draws nothing: the two stay in step
-    assert one.factor(SIGMA) == two.factor(SIGMA)
+    first = [one.factor(1.0, SIGMA) for _ in range(5)]
+    assert first == [two.factor(1.0, SIGMA) for _ in range(5)]
+    assert first != [other.factor(1.0, SIGMA) for _ in range(5)]
+    assert two.factor(1.3, 0.0) == 1.3  # and draws nothing: the two stay in step
+    assert one.factor(1.0, SIGMA) == two.factor(1.0, SIGMA)
 
 
 def isolated_prompts(count: int) -> list[SimRequest]:
@@ -43,13 +43,13 @@ def isolated_prompts(count: int) -> list[SimRequest]:
     return [SimRequest.of_tokens(f"r{i}", 2.0 * i, [3 + i] * 256, 4) for i in range(count)]
 
 
-def run(prefill_spread: float, seed: int = 0) -> list:
+def run(spread: float, scale: float = 1.0, seed: int = 0) -> list:
     shape = SHAPES["llama-3-8b"]
-    profile = dataclasses.replace(load_profile("h100"), prefill_step_spread=prefill_spread)
+    profile = dataclasses.replace(
+        load_profile("h100"), prefill_step_spread=spread, prefill_step_scale=scale
+    )
     config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=64, max_model_len=1024)
-    cluster = Cluster(config, shape, profile, seed=seed)
-    records = cluster.run(isolated_prompts(30))
-    cluster.check_integrity()
+    _, records = run_cluster(config, shape, profile, isolated_prompts(30), seed=seed)
     return records
 
 
@@ -69,3 +69,9 @@ def test_a_prefill_spread_varies_the_prompt_steps_and_nothing_else():
         assert phase(spread, name) == pytest.approx(phase(exact, name), abs=1e-12)
     assert phase(run(SIGMA), "remote_prefill") == phase(spread, "remote_prefill")  # the seed's
     assert phase(run(SIGMA, seed=1), "remote_prefill") != phase(spread, "remote_prefill")
+
+
+def test_a_prefill_scale_lengthens_every_prompt_step_alike():
+    exact, scaled = phase(run(0.0), "remote_prefill"), phase(run(0.0, scale=1.5), "remote_prefill")
+    # the whole step is the runner's on this profile (no host work): 1.5 times as long
+    assert scaled == pytest.approx([1.5 * s for s in exact], rel=1e-9)
