@@ -443,7 +443,7 @@ def _batching(pool: dict) -> dict[str, float]:
 
 def logged_batching(step_log: dict[str, tuple[str, list[dict]]]) -> dict[str, float]:
     """The same as `_batching` from the real prefill workers' step logs."""
-    sizes = [r["num_seqs"] for role, steps in step_log.values() if role == "prefill" for r in steps]
+    sizes = [r["num_seqs"] for r in _steps_of(step_log, "prefill")]
     mean = sum(sizes) / len(sizes) if sizes else 0.0
     return {"steps": len(sizes), "of_one": sizes.count(1), "mean": mean}
 
@@ -458,29 +458,33 @@ def fit_from_logs(model: str, profile, real: dict) -> tuple[DeviceProfile, dict[
     per sequence from its measured cycles, and the router's and client's CPU per request
     and per token relayed (`relay_probe`, before the slice). No latency is fitted."""
     logs, shape = real["step_log"], load_shape(model)
-    decode = [r for role, steps in logs.values() if role == "decode" for r in steps]
-    prefill = [r for role, steps in logs.values() if role == "prefill" for r in steps]
+    decode = _steps_of(logs, "decode")
+    prefill = _steps_of(logs, "prefill")
     fit = fit_logged_profile(decode + prefill, shape, profile)
     # the decode steps' runner CPU as if no prefill step ran beside them, then the engine
     # refitted on that (`sim.interference`)
-    overlaps = prefill_overlaps(decode, prefill)
-    k = fit_interference(decode, overlaps, shape, fit.profile)
+    overlaps = {  # per decode node, in the order of `decode`
+        url: prefill_overlaps(steps, prefill)
+        for url, (role, steps) in logs.items()
+        if role == "decode"
+    }
+    k = fit_interference(decode, [x for xs in overlaps.values() for x in xs], shape, fit.profile)
+    alone = dict(logs)
     if k:
-        alone = without_interference(decode, overlaps, k)
-        fit = fit_logged_profile(alone + prefill, shape, profile)
+        for url, node_overlaps in overlaps.items():
+            alone[url] = ("decode", without_interference(logs[url][1], node_overlaps, k))
+        fit = fit_logged_profile(_steps_of(alone, "decode") + prefill, shape, profile)
     fitted = dataclasses.replace(fit.profile, host_interference=k)
     record = {
         "engine_median_error": f"{100 * fit.median_rel_error:.1f}%",
         "attention": _attention(fitted.attention_efficiency),
         "interference": f"{100 * k:.1f}% per prefill step",
     }
-    spreads = {
-        role: role_spread(logs, role, shape, fitted, prefill, k) for role in ("decode", "prefill")
-    }
+    spreads = {role: role_spread(alone, role, shape, fitted) for role in ("decode", "prefill")}
     record["spread"] = _spread_record(spreads)
     fitted = dataclasses.replace(fitted, **spread_fields(spreads))
     for role in ("decode", "prefill"):
-        mine = [r for role_of, steps in logs.values() if role_of == role for r in steps]
+        mine = _steps_of(logs, role)
         step_s, seq_s = fit_role_overhead(mine, real["cpu_s"].get(role, 0.0))
         if role == "decode":
             record["decode_threads"] = _threads(mine)
@@ -529,24 +533,18 @@ def _threads(records: list[dict]) -> str:
 
 
 def role_spread(
-    logs: dict[str, tuple[str, list[dict]]],
-    role: str,
-    shape,
-    profile: DeviceProfile,
-    prefill: list[dict],
-    k: float,
+    logs: dict[str, tuple[str, list[dict]]], role: str, shape, profile: DeviceProfile
 ) -> Spread:
     """A role's steps around the fitted model (`sim.calibration.fit_spread`), each node's
-    in its log's order; the decode steps' runner CPU as if no prefill step ran beside them
-    (`k`, the interference the simulation models apart)."""
-    per_node = []
-    for role_of, steps in logs.values():
-        if role_of != role:
-            continue
-        if role == "decode" and k:
-            steps = without_interference(steps, prefill_overlaps(steps, prefill), k)
-        per_node.append(step_residuals(steps, shape, profile))
+    in its log's order (decode steps as if no prefill step ran beside them: the
+    interference the simulation models apart)."""
+    per_node = [step_residuals(steps, shape, profile) for r, steps in logs.values() if r == role]
     return fit_spread(per_node)
+
+
+def _steps_of(logs: dict[str, tuple[str, list[dict]]], role: str) -> list[dict]:
+    """A role's steps, node after node."""
+    return [r for role_of, steps in logs.values() if role_of == role for r in steps]
 
 
 def independent(lag: float) -> bool:

@@ -114,9 +114,9 @@ class DeviceProfile:
         for name in ("compute_efficiency", "bandwidth_efficiency", "memory_utilization"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"profile {self.name!r}: {name} must be in (0, 1]")
-        host = [f.name for f in fields(self) if f.name.startswith("host_")]
-        host += ["decode_step_spread", "prefill_step_spread"]
-        for name in host:
+        spreads = ("decode_step_spread", "prefill_step_spread")
+        non_negative = [f.name for f in fields(self) if f.name.startswith("host_")]
+        for name in (*non_negative, *spreads):
             if getattr(self, name) < 0:
                 raise ValueError(f"profile {self.name!r}: {name} must not be negative")
 
@@ -128,9 +128,10 @@ class DeviceProfile:
     def step_spread(self, role: str) -> tuple[float, float]:
         """A `role` node's step-time factor: its median and the standard deviation of its
         logarithm."""
-        if role == "decode":
-            return self.decode_step_scale, self.decode_step_spread
-        return self.prefill_step_scale, self.prefill_step_spread
+        return {
+            "decode": (self.decode_step_scale, self.decode_step_spread),
+            "prefill": (self.prefill_step_scale, self.prefill_step_spread),
+        }[role]
 
     def host_overhead(self, role: str) -> tuple[float, float]:
         """(per step, per sequence) seconds of a `role` node's work outside the model."""
