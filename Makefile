@@ -12,7 +12,7 @@ TRITON_VERSION ?= 3.9.0
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
 
-.PHONY: install prometheus test test-gpu test-e2e lint format serve bench bench-serve clean
+.PHONY: install prometheus test test-gpu test-e2e e2e-image lint format serve bench bench-serve clean image
 
 install: $(STAMP)
 
@@ -47,9 +47,18 @@ test: install prometheus
 test-gpu: install
 	$(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
-# A real Kubernetes API server: the control plane from $$TANDEM_KUBE_BIN, else $$KUBECONFIG's.
+# A real Kubernetes API server: the control plane from $$TANDEM_KUBE_BIN, else $$KUBECONFIG's;
+# with a node beside it where the machine has one's parts (tests/operator/e2e/node.py), and
+# the image built first where buildah is (e2e-image).
 test-e2e: install
+	if command -v buildah >/dev/null && [ -n "$$TANDEM_KUBE_BIN" ]; then $(MAKE) e2e-image; fi
 	$(PY) -m pytest -q -m e2e $(PYTEST_ARGS)
+
+# The images the e2e suite's node runs, built here without a registry: Debian's base and
+# the pause image (image/local-base.sh), then the Tandem image on that base.
+e2e-image:
+	image/local-base.sh
+	$(MAKE) image BASE_IMAGE=localhost/tandem-base:bookworm TORCH_INDEX_URL=
 
 lint: install
 	$(VENV)/bin/ruff check .
@@ -67,6 +76,30 @@ bench: install
 
 bench-serve: install
 	$(PY) bench/serve.py $(BENCH_ARGS)
+
+# The image (Dockerfile), tagged with the chart's appVersion, by the first builder found:
+# docker (BuildKit), buildah or nerdctl. `make image VARIANT=cuda` builds the CUDA target.
+# Without a registry: `image/local-base.sh`, then BASE_IMAGE=localhost/tandem-base:bookworm
+# TORCH_INDEX_URL= (torch from /opt/wheels, linked into image/wheels/).
+APP_VERSION := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' charts/tandem/Chart.yaml)
+VARIANT ?= cpu
+IMAGE ?= ghcr.io/tandem-serving/tandem:$(APP_VERSION)$(if $(filter cuda,$(VARIANT)),-cuda,)
+BASE_IMAGE ?= python:3.11-slim-bookworm
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+CA_BUNDLE ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
+BUILDER ?= $(shell if docker info >/dev/null 2>&1; then echo docker; \
+  elif command -v buildah >/dev/null; then echo buildah; \
+  elif command -v nerdctl >/dev/null; then echo nerdctl; fi)
+IMAGE_ARGS = --build-arg VARIANT=$(VARIANT) \
+  --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg TORCH_INDEX_URL=$(TORCH_INDEX_URL) \
+  $(if $(CA_BUNDLE),--secret id=ca$(,)src=$(CA_BUNDLE),) -t $(IMAGE) -f Dockerfile .
+, := ,
+image:
+	@test -n "$(BUILDER)" || { echo "no image builder: install docker, buildah or nerdctl"; exit 1; }
+	for w in /opt/wheels/torch-$(TORCH_VERSION)+cpu-*.whl; do \
+	  if [ -f "$$w" ]; then ln -f "$$w" image/wheels/ 2>/dev/null || cp "$$w" image/wheels/; fi; done
+	$(if $(filter buildah,$(BUILDER)),buildah bud --layers,$(BUILDER) build) $(IMAGE_ARGS)
+	@echo "built $(IMAGE) with $(BUILDER)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache models
