@@ -39,11 +39,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     module = importlib.import_module(COMMANDS[name][0])
     add_subcommand_arguments(sub_parsers[name], module)
-    args = parser.parse_args(argv)
-    if args.config:
-        apply_config(sub_parsers[name], args.config)
-        args = parser.parse_args(argv)
-    module.run(args)
+    # the file first: it may hold flags the subcommand requires (the operator's pods pass
+    # nothing but --config)
+    config = config_path(argv[1:])
+    if config:
+        apply_config(sub_parsers[name], config)
+    module.run(parser.parse_args(argv))
 
 
 def add_subcommand_arguments(parser: argparse.ArgumentParser, module: object) -> None:
@@ -54,6 +55,13 @@ def add_subcommand_arguments(parser: argparse.ArgumentParser, module: object) ->
         help="JSON object of flag -> value, e.g. {\"http-port\": 8000}; "
         "flags given on the command line win",
     )  # fmt: skip
+
+
+def config_path(argv: list[str]) -> str | None:
+    """The value of `--config` among a subcommand's arguments, if any."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    return pre.parse_known_args(argv)[0].config
 
 
 def apply_config(parser: argparse.ArgumentParser, path: str) -> None:

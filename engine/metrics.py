@@ -12,6 +12,11 @@ LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 )  # fmt: skip
 LABELS = ("model", "role", "pod")
+# The labels of the counters that move only on faults (prefill_node/worker.py,
+# decode_node/worker.py): each starts at 0, so a dashboard shows 0, not "No data".
+TRANSFER_FAILURE_REASONS = ("post", "write", "notify")
+FALLBACK_REASONS = ("error", "disconnected", "unreachable", "timeout")
+DISAGG_DECISIONS = ("local", "remote")
 # Tokens computed in one engine step (vLLM's iteration_tokens_total buckets).
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -65,6 +70,19 @@ class NodeMetrics:
         )  # fmt: skip
         ProcessCollector(registry=registry)  # process_cpu_seconds_total, _resident_memory_bytes
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
+        self._start_at_zero(role)
+
+    def _start_at_zero(self, role: str) -> None:
+        """The series a role's faults would make, present at 0 from the start."""
+        self.child(self.preemptions)
+        if role == "prefill":
+            for reason in TRANSFER_FAILURE_REASONS:
+                self.child(self.transfer_failures, reason=reason)
+        if role == "decode":
+            for reason in FALLBACK_REASONS:
+                self.child(self.prefill_fallbacks, reason=reason)
+            for decision in DISAGG_DECISIONS:
+                self.child(self.disagg_decisions, decision=decision)
 
     def observe_step(self, out: SchedulerOutput) -> None:
         """One engine step ran `out`."""

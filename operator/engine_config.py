@@ -109,6 +109,7 @@ def _router_flags(spec: LLMDeploymentSpec) -> dict[str, Any]:
     return _common(spec) | {
         "port": HTTP_PORT,
         "policy": spec.router.policy,
+        "tool-call-parser": spec.router.tool_call_parser,
         "discovery": "kubernetes",
         "selector": f"{DEPLOYMENT_LABEL}={spec.name}",
     }

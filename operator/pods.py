@@ -30,6 +30,14 @@ from tandem.operator.spec import LLMDeploymentSpec, RoleSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHM_SIZE = {"router": "256Mi", "prefill": "16Gi", "decode": "16Gi"}
+# Seconds a deleted pod keeps serving before its SIGTERM (preStop), while its endpoint's
+# removal reaches whoever sends it requests: for a node, the router, whose discovery lists
+# EndpointSlices every 5 s and then checks health (1 s; `tandem router`'s defaults); for the
+# router, kube-proxy and the ingress in front of its Service. After SIGTERM the servers
+# finish their open requests within the grace period, the same for every role: a router's
+# stream lasts as long as the decode pod's behind it (a pod that is done exits sooner).
+DRAIN_S = {"router": 5, "prefill": 10, "decode": 10}
+GRACE_S = 120
 
 
 def pod_template(
@@ -41,7 +49,7 @@ def pod_template(
         "securityContext": pod_security_context(),
         "containers": [_container(spec, role), *extra.containers],
         "volumes": _volumes(spec, role) + extra.volumes,
-        "terminationGracePeriodSeconds": 30 if role == "router" else 60,
+        "terminationGracePeriodSeconds": GRACE_S,
     }
     if role == "router":
         pod_spec["serviceAccountName"] = child_name(spec.name, "router")
@@ -86,6 +94,7 @@ def _container(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
         "securityContext": _container_security(spec.pool(role).pod),
         "volumeMounts": _mounts(spec, role),
         **_probes(role),
+        "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_S[role]}}},
     }
 
 

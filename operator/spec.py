@@ -17,6 +17,9 @@ from tandem.operator.scaling import Scaling, read_scaling
 DEFAULT_IMAGE = "ghcr.io/tandem-serving/tandem:0.1.0"
 ROLES = ("router", "prefill", "decode")
 POLICIES = ("round-robin", "least-load", "prefix-aware", "kv-aware")
+# `tandem router --tool-call-parser` (tandem.router.cli.TOOL_PARSER_CHOICES; a test holds them
+# equal: the operator imports nothing of the router)
+TOOL_CALL_PARSERS = ("auto", "none", "hermes", "llama3_json", "mistral")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 SOURCES = ("pvc", "hostPath", "huggingFace")
 # The download Job writes the cache: its claim needs a writable mode.
@@ -96,6 +99,7 @@ class RoleSpec:
 class RouterSpec:
     pool: RoleSpec
     policy: str
+    tool_call_parser: str
     service_type: str
     service_port: int
     api_key: SecretKeyRef | None
@@ -243,6 +247,7 @@ def _router(router: Reader, autoscaling: Reader) -> RouterSpec:
             pod=read_pod_overrides(router.child("podTemplate"), "router"),
         ),
         policy=router.string("policy", default="kv-aware", choices=POLICIES),
+        tool_call_parser=router.string("toolCallParser", default="auto", choices=TOOL_CALL_PARSERS),
         service_type=service.string(
             "type", default="ClusterIP", choices=("ClusterIP", "NodePort", "LoadBalancer")
         ),

@@ -16,6 +16,8 @@ from tandem.router.phase_metrics import PhaseMetrics
 from tandem.router.policy import Route
 from tandem.router.workers import WorkerState
 
+# `tandem_router_retries_total`'s reasons (router/dispatch.py)
+RETRY_REASONS = ("decode_failed", "prefill_failed")
 ROUTING_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1)
 
 
@@ -84,6 +86,8 @@ class RouterMetrics:
         ProcessCollector(registry=r)  # process_cpu_seconds_total, _resident_memory_bytes, ...
         # present from the start, 0 until a request runs: the no-healthy-decode alert's zero
         self.child(self.in_flight)
+        for reason in RETRY_REASONS:  # 0, not "No data", until a worker fails
+            self.child(self.retries, reason=reason)
 
     def observe_workers(self, workers: Iterable[WorkerState]) -> None:
         """One health series per worker in the pool now: one dropped from it leaves with

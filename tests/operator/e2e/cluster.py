@@ -30,6 +30,8 @@ ADMIN_KINDS = {
     "RoleBinding": ("rolebindings", True),
     "ClusterRole": ("clusterroles", False),
     "ClusterRoleBinding": ("clusterrolebindings", False),
+    "PersistentVolume": ("persistentvolumes", False),
+    "PersistentVolumeClaim": ("persistentvolumeclaims", True),
 }
 
 

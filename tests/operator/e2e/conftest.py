@@ -1,7 +1,8 @@
-"""The e2e suite's cluster: a control plane started here from $TANDEM_KUBE_BIN, else the
-cluster a kubeconfig names ($KUBECONFIG or ~/.kube/config), else every test is skipped
-with the reason. Either way the CRD and the chart's RBAC are installed once, in namespaces
-of the session's own (deleted at the end)."""
+"""The e2e suite's cluster: a control plane started here from $TANDEM_KUBE_BIN (with a real
+node beside it where the machine has what a node needs, `node.py`), else the cluster a
+kubeconfig names ($KUBECONFIG or ~/.kube/config), else every test is skipped with the
+reason. Either way the CRD and the chart's RBAC are installed once, in namespaces of the
+session's own (deleted at the end)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from kubernetes import client, config
 from tandem.operator.kube import KubeApi
 from tests.operator.e2e.cluster import Install, OperatorProc, delete_namespace, install
 from tests.operator.e2e.control_plane import ControlPlane, kube_bin
+from tests.operator.e2e.node import NODE_IP, HostNetwork, Node, missing
 
 KUBECONFIG = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
 NO_CLUSTER = (
@@ -31,6 +33,8 @@ class Cluster:
     server: str
     ca: Path
     plane: ControlPlane | None  # None: someone else's cluster, which the tests cannot restart
+    node: Node | None = None  # the node started here, None where it cannot run
+    no_node: str = "a cluster of someone else's: the suite starts no node in it"
 
 
 def admin_api(kubeconfig_path: Path) -> tuple[KubeApi, str, Path | None]:
@@ -44,12 +48,21 @@ def admin_api(kubeconfig_path: Path) -> tuple[KubeApi, str, Path | None]:
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
     bin_dir = kube_bin()
     if bin_dir is not None:
-        plane = ControlPlane(bin_dir, tmp_path_factory.mktemp("control-plane")).start()
+        no_node = missing(bin_dir)
+        net = HostNetwork().start() if no_node is None else None
+        host = NODE_IP if net else "127.0.0.1"
+        plane = node = None
         try:
+            plane = ControlPlane(bin_dir, tmp_path_factory.mktemp("control-plane"), host)
+            plane.start()
+            if net:
+                node = Node(plane, tmp_path_factory.mktemp("node")).start()
             api, server, _ = admin_api(plane.dir / "admin.kubeconfig")
-            yield Cluster(api, server, plane.ca, plane)
+            yield Cluster(api, server, plane.ca, plane, node, no_node or "")
         finally:
-            plane.stop()
+            for part in (node, plane, net):
+                if part is not None:
+                    part.stop()
     elif KUBECONFIG.is_file():
         api, server, ca = admin_api(KUBECONFIG)
         yield Cluster(api, server, ca, None)

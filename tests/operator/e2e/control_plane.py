@@ -1,7 +1,8 @@
 """A real Kubernetes control plane for the e2e tests: etcd, kube-apiserver (RBAC on, pod
 security admission) and kube-controller-manager (garbage collector, Deployment and
-ReplicaSet controllers) on free loopback ports, from binaries found in $TANDEM_KUBE_BIN.
-No kubelet: pods are created and admitted, and stay Pending.
+ReplicaSet controllers) on free ports, from binaries found in $TANDEM_KUBE_BIN. Alone, it
+listens on loopback and pods stay Pending; with a node (`node.py`) the API server listens
+on the node's bridge address, which pods reach through the `kubernetes` Service.
 
 The binaries are built outside the project; this module only runs them.
 """
@@ -26,8 +27,17 @@ SERVICE_RANGE = "10.96.0.0/12"
 CLIENT_EXT = "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n"
 SERVER_EXT = (
     "basicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n"
-    "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.96.0.1\n"
+    "subjectAltName=IP:127.0.0.1,DNS:localhost,IP:10.96.0.1,IP:10.244.0.1,"
+    "DNS:kubernetes.default.svc\n"
 )
+# client certificates: file name -> subject (CN the user, O the group)
+CLIENTS = {
+    "kcm": "/CN=system:kube-controller-manager",
+    "scheduler": "/CN=system:kube-scheduler",
+    "kube-proxy": "/CN=system:kube-proxy",
+    "kubelet": "/CN=system:node:e2e-node/O=system:nodes",
+    "apiserver-kubelet": "/CN=kube-apiserver-kubelet-client/O=system:masters",
+}
 
 
 def kube_bin() -> Path | None:
@@ -48,10 +58,9 @@ def make_pki(pki: Path) -> None:
 
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
             "ca.crt", "-days", "2", "-subj", "/CN=tandem-e2e-ca")  # fmt: skip
-    for name, subject, ext in (
-        ("apiserver", "/CN=kube-apiserver", SERVER_EXT),
-        ("kcm", "/CN=system:kube-controller-manager", CLIENT_EXT),
-    ):
+    certs = [("apiserver", "/CN=kube-apiserver", SERVER_EXT)]
+    certs += [(name, subject, CLIENT_EXT) for name, subject in CLIENTS.items()]
+    for name, subject, ext in certs:
         (pki / f"{name}.ext").write_text(ext)
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
                 f"{name}.csr", "-subj", subject)  # fmt: skip
@@ -80,6 +89,24 @@ def kubeconfig(
     return path
 
 
+def spawn(argv: list[str], log: Path) -> subprocess.Popen:
+    """`argv` in the background, its output appended to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+
+
+def terminate(proc: subprocess.Popen | None, timeout: float = 60) -> None:
+    """SIGTERM, and SIGKILL if it has not exited within `timeout` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _b64(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
@@ -87,8 +114,8 @@ def _b64(path: Path) -> str:
 class ControlPlane:
     """Owns the three processes and their folder; `admin_token` is in group system:masters."""
 
-    def __init__(self, bin_dir: Path, workdir: Path) -> None:
-        self.bin, self.dir = bin_dir, workdir
+    def __init__(self, bin_dir: Path, workdir: Path, host: str = "127.0.0.1") -> None:
+        self.bin, self.dir, self.host = bin_dir, workdir, host
         self.pki = workdir / "pki"
         self.admin_token = secrets.token_hex(16)
         self.etcd_port, self.peer_port = free_port(), free_port()
@@ -97,7 +124,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.api_port}"
+        return f"https://{self.host}:{self.api_port}"
 
     @property
     def ca(self) -> Path:
@@ -108,7 +135,9 @@ class ControlPlane:
         (self.pki / "tokens.csv").write_text(
             f"{self.admin_token},e2e-admin,e2e-admin,system:masters\n"
         )
-        kubeconfig(self.dir / "kcm.kubeconfig", self.server, self.ca, cert=self.pki / "kcm.crt")
+        for name in CLIENTS:
+            path = self.dir / f"{name}.kubeconfig"
+            kubeconfig(path, self.server, self.ca, cert=self.pki / f"{name}.crt")
         kubeconfig(self.dir / "admin.kubeconfig", self.server, self.ca, token=self.admin_token)
         self._spawn("etcd", self._etcd_args())
         self.start_apiserver()
@@ -146,22 +175,10 @@ class ControlPlane:
             self._stop(name)
 
     def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115
-        self.procs[name] = subprocess.Popen(
-            [str(self.bin / name), *args], stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
+        self.procs[name] = spawn([str(self.bin / name), *args], self.dir / f"{name}.log")
 
     def _stop(self, name: str) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(self.procs.pop(name, None))
 
     def _etcd_args(self) -> list[str]:
         client, peer = f"http://127.0.0.1:{self.etcd_port}", f"http://127.0.0.1:{self.peer_port}"
@@ -175,7 +192,7 @@ class ControlPlane:
     def _apiserver_args(self) -> list[str]:
         p = self.pki
         return [
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--bind-address={self.host}", f"--advertise-address={self.host}",
             f"--secure-port={self.api_port}", f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
             f"--tls-cert-file={p / 'apiserver.crt'}",
             f"--tls-private-key-file={p / 'apiserver.key'}",
@@ -185,6 +202,9 @@ class ControlPlane:
             f"--service-account-key-file={p / 'sa.pub'}",
             f"--service-account-signing-key-file={p / 'sa.key'}",
             f"--service-cluster-ip-range={SERVICE_RANGE}", "--profiling=false",
+            f"--kubelet-client-certificate={p / 'apiserver-kubelet.crt'}",
+            f"--kubelet-client-key={p / 'apiserver-kubelet.key'}",
+            "--kubelet-preferred-address-types=InternalIP",
         ]  # fmt: skip
 
     def _kcm_args(self) -> list[str]:

@@ -4,8 +4,6 @@ sufficient): create, update, steady state, prune, delete, bad specs, and pod sec
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tandem.operator.kinds import CHILD_KINDS, DEPLOYMENT, HPA, JOB, LLM_DEPLOYMENT, child_kind
@@ -246,23 +244,6 @@ def test_each_example_and_every_child_it_renders_pass_a_server_dry_run(setup, na
         meta = obj["metadata"]
         _dry_apply(setup.api, child_kind(obj).path(meta["namespace"], meta["name"]), obj)
     assert read(setup.api, llmd) is None
-
-
-@pytest.mark.skipif(
-    not os.environ.get("TANDEM_E2E_IMAGE"),
-    reason="needs TANDEM_E2E_IMAGE (a Tandem image the cluster's nodes can run) and "
-    "TANDEM_E2E_MODEL_DIR (a model folder on those nodes)",
-)
-def test_with_an_image_and_nodes_the_resource_becomes_ready(setup, llmd):
-    llmd["spec"] = {
-        "model": {
-            "name": "tiny",
-            "source": {"hostPath": {"path": os.environ["TANDEM_E2E_MODEL_DIR"]}},
-        },
-        "image": os.environ["TANDEM_E2E_IMAGE"],
-    }
-    create(setup.api, llmd)
-    wait_condition(setup.api, llmd, "Ready", "True")
 
 
 def _dry_apply(api, path: str, obj: dict) -> None:

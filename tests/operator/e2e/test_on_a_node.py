@@ -1,0 +1,301 @@
+"""The user's journey on a real node: `helm install` the chart (the operator runs as a pod
+under the chart's ServiceAccount), apply an LLMDeployment serving the real
+SmolLM2-135M-Instruct on CPU, and talk to it with the official openai client through the
+router's Service (a ClusterIP through kube-proxy, and `kubectl port-forward`).
+
+Needs the node (`node.py`) and the image (`make e2e-image`); skipped, saying which is
+missing, elsewhere. Figures (cold start, the KV transfer) are printed and written to
+$TANDEM_E2E_REPORT when it is set."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tandem.operator.kinds import POD
+from tests.assets import smollm2
+from tests.bounds import HANG_S
+from tests.disagg.nodes import free_port, metric_value, wait_until
+from tests.operator.crd_schema import ROOT
+from tests.operator.e2e.cluster import delete_namespace
+from tests.operator.e2e.helpers import (
+    create,
+    expected_children,
+    get_child,
+    patch_spec,
+    wait_condition,
+)
+from tests.operator.e2e.journey import (
+    MODEL_FOLDER,
+    MODEL_NAME,
+    Served,
+    StreamLoad,
+    helm_install,
+    helm_uninstall,
+    is_ready,
+    llm_deployment,
+    model_volume,
+    pod_timeline,
+)
+from tests.operator.e2e.node import STATE
+
+pytestmark = pytest.mark.e2e
+START_S = 900  # cold start bound: a hang, not a slow machine, reaches it
+PROMPT = [{"role": "user", "content": "Name three colours."}]
+
+
+def chart_image() -> str:
+    version = next(
+        line.split(":", 1)[1].strip().strip('"')
+        for line in (ROOT / "charts" / "tandem" / "Chart.yaml").read_text().splitlines()
+        if line.startswith("appVersion:")
+    )
+    return os.environ.get("TANDEM_E2E_IMAGE", f"ghcr.io/tandem-serving/tandem:{version}")
+
+
+def report(key: str, value) -> None:
+    print(f"{key}: {json.dumps(value)}")
+    path = os.environ.get("TANDEM_E2E_REPORT")
+    if path:
+        found = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+        Path(path).write_text(json.dumps(found | {key: value}, indent=1))
+
+
+@pytest.fixture(scope="module")
+def served(cluster) -> Served:
+    if cluster.node is None:
+        pytest.skip(f"no node: {cluster.no_node}")
+    image = chart_image()
+    why = cluster.node.load_image(image)
+    if why:
+        pytest.skip(why)
+    smollm2(STATE / "models" / MODEL_FOLDER)
+    suffix = uuid.uuid4().hex[:6]
+    operator_ns, namespace = f"tandem-op-{suffix}", f"tandem-app-{suffix}"
+    kubeconfig = cluster.plane.dir / "admin.kubeconfig"
+    restricted = {f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "warn")}
+    cluster.api._call("POST", "/api/v1/namespaces", body={
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": namespace, "labels": restricted}})  # fmt: skip
+    pv = model_volume(cluster.api, namespace, STATE / "models")
+    helm_install(kubeconfig, operator_ns, namespace, image)
+    served = Served(cluster.api, operator_ns, namespace, "smol", image)
+    create(cluster.api, llm_deployment(served.name, namespace, image))
+    yield served
+    helm_uninstall(kubeconfig, operator_ns)
+    for ns in (namespace, operator_ns):
+        delete_namespace(cluster.api, ns)
+    cluster.api._call("DELETE", f"/api/v1/persistentvolumes/{pv}")
+
+
+@pytest.fixture(scope="module")
+def ready(served) -> Served:
+    wait_condition(served.api, {"metadata": {"namespace": served.namespace,
+                                             "name": served.name}}, "Ready", "True")  # fmt: skip
+    return served
+
+
+@pytest.fixture(scope="module")
+def client(ready) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{ready.router_url()}/v1", api_key="unused", timeout=300)
+
+
+def test_the_operator_runs_as_a_pod_under_the_charts_service_account(served):
+    pods = served.api.list(POD, served.operator_namespace, "app.kubernetes.io/name=tandem")
+    (pod,) = pods
+    assert pod["spec"]["serviceAccountName"] == "tandem"
+    assert pod["spec"]["containers"][0]["image"] == served.image
+    assert pod["spec"]["containers"][0]["args"][0] == "operator"
+    ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+    assert ready["Ready"] == "True"
+
+
+def test_the_deployment_becomes_ready_and_its_cold_start_is_split(ready):
+    live = ready.resource()
+    assert live["status"]["phase"] == "Ready"
+    split = {}
+    for role in ("prefill", "decode", "router"):
+        (pod,) = ready.pods(role)
+        split[role] = pod_timeline(pod)
+        assert split[role]["image_s"] >= 0 and split[role]["ready_s"] >= 0
+    report("cold_start_s", split)
+
+
+def test_readiness_means_a_first_request_is_served(ready, client):
+    """The router's Service had endpoints only once it saw a healthy decode worker: the
+    first request after Ready is answered, not refused with 503."""
+    r = client.chat.completions.create(model=MODEL_NAME, messages=PROMPT, max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_openai_client_through_the_cluster_ip(client):
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=PROMPT, max_tokens=16, temperature=0
+    )
+    assert chat.usage.completion_tokens > 0 and chat.choices[0].message.content
+    stream = client.chat.completions.create(
+        model=MODEL_NAME, messages=PROMPT, max_tokens=16, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == chat.choices[0].message.content
+    two = client.chat.completions.create(model=MODEL_NAME, messages=PROMPT, max_tokens=8, n=2)
+    assert [c.index for c in two.choices] == [0, 1]
+
+
+def test_structured_outputs_and_tools_through_the_cluster_ip(client):
+    schema = {
+        "type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}},
+        "required": ["colour"], "additionalProperties": False,
+    }  # fmt: skip
+    r = client.chat.completions.create(
+        model=MODEL_NAME, messages=PROMPT, max_tokens=48,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+    )  # fmt: skip
+    assert set(json.loads(r.choices[0].message.content)) == {"colour"}
+    tool = {"type": "function", "function": {"name": "paint", "parameters": schema}}
+    r = client.chat.completions.create(
+        model=MODEL_NAME, messages=PROMPT, max_tokens=48, tools=[tool], tool_choice="required"
+    )
+    calls = r.choices[0].message.tool_calls  # "required": one call or more
+    assert calls and r.choices[0].finish_reason == "tool_calls"
+    for call in calls:
+        assert call.function.name == "paint"
+        assert set(json.loads(call.function.arguments)) == {"colour"}
+
+
+def test_the_kv_cache_crosses_from_the_prefill_pod_to_the_decode_pod_over_nixl(ready, client):
+    """Every prompt took the remote path (threshold 0): the prefill pod wrote its KV blocks
+    into the decode pod's over NIXL (UCX over TCP between the two pods' addresses)."""
+    client.chat.completions.create(model=MODEL_NAME, messages=PROMPT, max_tokens=4)
+    (prefill_ip,) = ready.ready_ips("prefill")
+    (decode_ip,) = ready.ready_ips("decode")
+    prefill = f"http://{prefill_ip}:8000/metrics"
+    written = sum_metric(prefill, "tandem_kv_transfer_bytes_total")
+    seconds = sum_metric(prefill, "tandem_kv_transfer_seconds_sum")
+    remote = sum_metric(f"http://{decode_ip}:8000/metrics", "tandem_disagg_decisions_total",
+                        decision="remote")  # fmt: skip
+    assert written > 0 and seconds > 0 and remote > 0
+    report("nixl_transfer", {"bytes": written, "seconds": round(seconds, 4),
+                             "mb_per_s": round(written / seconds / 1e6, 1)})  # fmt: skip
+
+
+def test_kubectl_port_forward_reaches_the_router(ready, cluster):
+    port = free_port()
+    kubectl = cluster.plane.bin / "kubectl"
+    forward = subprocess.Popen(
+        [str(kubectl), "--kubeconfig", str(cluster.plane.dir / "admin.kubeconfig"),
+         "-n", ready.namespace, "port-forward", f"svc/{ready.name}-router", f"{port}:8000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert "Forwarding from" in forward.stdout.readline()
+        local = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", timeout=300)
+        models = [m.id for m in local.models.list()]
+        assert models == [MODEL_NAME]
+        r = local.chat.completions.create(model=MODEL_NAME, messages=PROMPT, max_tokens=4)
+        assert r.usage.completion_tokens > 0
+    finally:
+        forward.terminate()
+        forward.wait()
+
+
+def test_greedy_output_equals_tandem_serve_on_the_same_model(client, tmp_path):
+    """The cluster's answer and a local `tandem serve` of the same folder, token for token."""
+    prompts = [PROMPT, [{"role": "user", "content": "What is 2 + 2?"}]]
+    in_cluster = [_greedy(client, p) for p in prompts]
+    port = free_port()
+    model = STATE / "models" / MODEL_FOLDER
+    log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "tandem.engine.cli", "serve", "--model", str(model),
+         "--port", str(port)],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_until(lambda: _healthy(url), timeout=START_S), tmp_path / "serve.log"
+        local = openai.OpenAI(base_url=f"{url}/v1", api_key="x", timeout=300)
+        assert [_greedy(local, p) for p in prompts] == in_cluster
+    finally:
+        proc.terminate()
+        proc.wait(120)
+        log.close()
+
+
+def test_a_spec_change_rolls_a_new_revision_under_load_with_no_failed_request(ready):
+    """A revision that changes the engine (every pod's template) rolls while 8 clients
+    stream: every request finishes, and traffic flows on the new pods afterwards."""
+    before = ready.resource()["status"]["revision"]
+    with StreamLoad(ready.router_url()) as load:
+        assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
+        started = time.monotonic()
+        patch_spec(ready.api, ready.ref(), {"engine": {"maxNumSeqs": 64}})
+        assert wait_until(lambda: ready.rolled_from(before), timeout=START_S), ready.resource()
+        rolled_s = time.monotonic() - started
+        served = load.count()
+        assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+    assert load.failures() == [], load.failures()[:3]
+    report("rollout", {"seconds": round(rolled_s, 1), "requests": load.count(), "failed": 0})
+
+
+def test_the_operator_pod_deleted_serving_goes_on_and_nothing_is_rewritten(ready):
+    """The Deployment brings a new operator pod; it reconciles the settled resource (its
+    metrics count the reconcile) and changes no child (their contents but the status the
+    controllers keep writing), while requests keep being served."""
+    before = child_contents(ready.api, ready.resource())
+    (old,) = ready.operator_pods()
+
+    def reconciled_by_a_new_pod() -> bool:
+        for pod in ready.operator_pods():
+            if pod["metadata"]["name"] != old["metadata"]["name"] and is_ready(pod):
+                url = f"http://{pod['status']['podIP']}:8080/metrics"
+                return sum_metric(url, "tandem_operator_reconciles_total") > 0
+        return False
+
+    with StreamLoad(ready.router_url(), concurrency=2) as load:
+        ready.delete_pod(old)
+        assert wait_until(reconciled_by_a_new_pod, timeout=START_S)
+        served = load.count()
+        assert wait_until(lambda: load.count() >= served + 4, timeout=HANG_S)
+    assert load.failures() == []
+    assert child_contents(ready.api, ready.resource()) == before
+
+
+def child_contents(api, live: dict) -> dict[str, dict]:
+    """Every child as the operator owns it: without status and the server's bookkeeping
+    (resourceVersion, managedFields), which other controllers move."""
+    found = {}
+    for obj in expected_children(live):
+        child = get_child(api, obj)
+        child.pop("status", None)
+        for key in ("resourceVersion", "managedFields"):
+            child["metadata"].pop(key, None)
+        found[f"{obj['kind']}/{obj['metadata']['name']}"] = child
+    return found
+
+
+def sum_metric(url: str, name: str, **labels: str) -> float:
+    return metric_value(httpx.get(url, timeout=HANG_S).text, name, **labels)
+
+
+def _greedy(client: openai.OpenAI, messages: list[dict]) -> str:
+    r = client.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=24, temperature=0
+    )
+    return r.choices[0].message.content
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,64 @@
+"""Counters that move only on faults exist at 0 from a process's start, for every label
+value the code can count, so a dashboard panel reads 0 rather than "No data"."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from tandem.engine.metrics import (
+    DISAGG_DECISIONS,
+    FALLBACK_REASONS,
+    TRANSFER_FAILURE_REASONS,
+    NodeMetrics,
+)
+from tandem.router.metrics import RETRY_REASONS, RouterMetrics
+
+SERIES = {
+    "prefill": [("tandem_num_preemptions_total", {})]
+    + [("tandem_kv_transfer_failures_total", {"reason": r}) for r in TRANSFER_FAILURE_REASONS],
+    "decode": [("tandem_num_preemptions_total", {})]
+    + [("tandem_prefill_fallbacks_total", {"reason": r}) for r in FALLBACK_REASONS]
+    + [("tandem_disagg_decisions_total", {"decision": d}) for d in DISAGG_DECISIONS],
+}
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, frozenset], float]:
+    return {
+        (
+            s.name,
+            frozenset((k, v) for k, v in s.labels.items() if k not in ("model", "pod")),
+        ): s.value
+        for metric in registry.collect()
+        for s in metric.samples
+    }
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_nodes_fault_counters_start_at_zero(role):
+    found = samples(NodeMetrics(CollectorRegistry(), "m", role, "p").registry)
+    for name, labels in SERIES[role]:
+        assert found[(name, frozenset({"role": role, **labels}.items()))] == 0.0
+
+
+def test_the_routers_retries_start_at_zero():
+    metrics = RouterMetrics(CollectorRegistry(), "m", "r")
+    text = generate_latest(metrics.registry).decode()
+    for reason in RETRY_REASONS:
+        assert f'reason="{reason}",role="router"}} 0.0' in text
+
+
+def test_the_reasons_named_are_the_reasons_counted():
+    """The label values above are the ones the workers pass (read from their source)."""
+    from pathlib import Path
+
+    import tandem.decode_node.worker as decode
+    import tandem.prefill_node.worker as prefill
+    import tandem.router.dispatch as dispatch
+
+    fallback = Path(decode.__file__).read_text()
+    assert all(f'self._fall_back(stream, "{r}"' in fallback for r in FALLBACK_REASONS)
+    transfer = Path(prefill.__file__).read_text()
+    assert all(f'transfer_failures, reason="{r}"' in transfer for r in TRANSFER_FAILURE_REASONS)
+    routed = Path(dispatch.__file__).read_text()
+    assert all(f'"{r}"' in routed for r in RETRY_REASONS)
