@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,6 @@ class Served:
     namespace: str
     name: str
     image: str
-    timeline: dict[str, float] = field(default_factory=dict)
 
     def resource(self) -> dict[str, Any]:
         return self.api.get(LLM_DEPLOYMENT, self.namespace, self.name)

@@ -21,11 +21,10 @@ import httpx
 import openai
 import pytest
 
-from tandem.operator.kinds import POD
+from tandem.operator.spec import DEFAULT_IMAGE
 from tests.assets import smollm2
 from tests.bounds import HANG_S
 from tests.disagg.nodes import free_port, metric_value, wait_until
-from tests.operator.crd_schema import ROOT
 from tests.operator.e2e.cluster import delete_namespace
 from tests.operator.e2e.helpers import (
     create,
@@ -54,12 +53,9 @@ PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 
 def chart_image() -> str:
-    version = next(
-        line.split(":", 1)[1].strip().strip('"')
-        for line in (ROOT / "charts" / "tandem" / "Chart.yaml").read_text().splitlines()
-        if line.startswith("appVersion:")
-    )
-    return os.environ.get("TANDEM_E2E_IMAGE", f"ghcr.io/tandem-serving/tandem:{version}")
+    """The image the chart and the resource default to (tests/operator/test_image_version.py
+    holds them to the chart's appVersion), or $TANDEM_E2E_IMAGE."""
+    return os.environ.get("TANDEM_E2E_IMAGE", DEFAULT_IMAGE)
 
 
 def report(key: str, value) -> None:
@@ -110,13 +106,11 @@ def client(ready) -> openai.OpenAI:
 
 
 def test_the_operator_runs_as_a_pod_under_the_charts_service_account(served):
-    pods = served.api.list(POD, served.operator_namespace, "app.kubernetes.io/name=tandem")
-    (pod,) = pods
+    (pod,) = served.operator_pods()
     assert pod["spec"]["serviceAccountName"] == "tandem"
     assert pod["spec"]["containers"][0]["image"] == served.image
     assert pod["spec"]["containers"][0]["args"][0] == "operator"
-    ready = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
-    assert ready["Ready"] == "True"
+    assert is_ready(pod)
 
 
 def test_the_deployment_becomes_ready_and_its_cold_start_is_split(ready):
