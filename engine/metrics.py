@@ -17,6 +17,11 @@ LABELS = ("model", "role", "pod")
 TRANSFER_FAILURE_REASONS = ("post", "write", "notify")
 FALLBACK_REASONS = ("error", "disconnected", "unreachable", "timeout")
 DISAGG_DECISIONS = ("local", "remote")
+# What a node refuses (or partly ignores) at its boundary, by role (docs/security.md).
+REFUSAL_REASONS = {
+    "prefill": ("invalid", "peer", "error", "undecodable", "unknown_sampling_field"),
+    "decode": ("undecodable", "first_token", "duplicate_id", "unknown_sampling_field"),
+}
 # Tokens computed in one engine step (vLLM's iteration_tokens_total buckets).
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -64,6 +69,11 @@ class NodeMetrics:
         self.prefill_fallbacks = self._counter(
             "tandem_prefill_fallbacks_total", "Remote prefills that failed over.", ("reason",)
         )
+        self.refused_inputs = self._counter(
+            "tandem_refused_inputs_total",
+            "Messages and requests a node refused, or partly ignored, at its boundary.",
+            ("reason",),
+        )
         self.iteration_tokens = Histogram(
             "tandem_iteration_tokens_total", "Tokens computed per engine step.",
             LABELS, registry=registry, buckets=ITERATION_BUCKETS,
@@ -75,6 +85,8 @@ class NodeMetrics:
     def _start_at_zero(self, role: str) -> None:
         """The series a role's faults would make, present at 0 from the start."""
         self.child(self.preemptions)
+        for reason in REFUSAL_REASONS.get(role, ()):
+            self.child(self.refused_inputs, reason=reason)
         if role == "prefill":
             for reason in TRANSFER_FAILURE_REASONS:
                 self.child(self.transfer_failures, reason=reason)

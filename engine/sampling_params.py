@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from tandem.engine.structured_outputs import StructuredOutputsParams
 
@@ -110,3 +112,13 @@ class SamplingParams:
     @property
     def needs_filters(self) -> bool:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+
+def split_known_fields(sampling: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Sampling parameters from another process, split into `SamplingParams`' own fields
+    and the sorted names of the others. Nodes ignore the others (and say so): during a
+    rolling upgrade a newer router or decode node may send a field this node does not know
+    yet, and refusing would fail every request until the upgrade is done."""
+    names = {f.name for f in fields(SamplingParams)}
+    known = {k: v for k, v in sampling.items() if k in names}
+    return known, sorted(str(k) for k in sampling if k not in names)

@@ -83,6 +83,8 @@ class PrefillLoop:
                 msg = decode_to_prefill(data)
             except msgspec.DecodeError as exc:
                 logger.warning("undecodable message from %r: %s", peer, exc)
+                m = self.core.metrics
+                m.child(m.refused_inputs, reason="undecodable").inc()
                 continue
             if isinstance(msg, AbortPrefill):
                 self.worker.abort(peer, msg)

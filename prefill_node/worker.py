@@ -33,6 +33,7 @@ from tandem.engine.kv_transfer import (
     LAST_WRITE_WAIT_SHARE,
     AbortAck,
     AbortPrefill,
+    KVLayout,
     PrefillDone,
     PrefillFailed,
     PrefillRequest,
@@ -42,7 +43,7 @@ from tandem.engine.kv_transfer import (
 )
 from tandem.engine.node_core import NodeCore
 from tandem.engine.request import Request, RequestStatus
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.sampling_params import SamplingParams, split_known_fields
 from tandem.engine.scheduler import SchedulerOutput, prefill_job_key
 from tandem.engine.step_event import StepEvent
 from tandem.engine.tracing import Tracing
@@ -52,6 +53,20 @@ logger = logging.getLogger(__name__)
 _LAST_WRITE_POLL_S = 1e-4  # between polls while waiting: lets the HTTP thread run
 
 Reply = Callable[[bytes, msgspec.Struct], None]
+
+
+_MAX_DETAIL = 200  # characters of an error kept in a reply: the message is untrusted
+
+
+class PeerRefused(Exception):
+    """The transfer agent rejected a decode node's agent metadata."""
+
+
+def _refusal_reason(exc: Exception) -> str:
+    """The `reason` label of `tandem_refused_inputs_total` for why `_make_request` failed."""
+    if isinstance(exc, PeerRefused):
+        return "peer"
+    return "invalid" if isinstance(exc, (ValueError, TypeError)) else "error"
 
 
 @dataclass
@@ -97,9 +112,8 @@ class PrefillWorker:
         key = prefill_job_key(msg.agent.name, msg.request_id, msg.attempt)
         try:
             request = self._make_request(key, msg)
-        except ValueError as exc:
-            logger.warning("prefill %s refused: %s", key, exc)
-            self.reply(peer, PrefillFailed(msg.request_id, msg.attempt, f"invalid: {exc}"))
+        except Exception as exc:  # one bad message is refused; none may stop the node
+            self._refuse(peer, msg, key, exc)
             return
         now = time.monotonic()
         job = Job(msg, peer, request, now + msg.deadline_s, now, msg.skip_blocks)
@@ -127,17 +141,27 @@ class PrefillWorker:
         job.peer = peer
         self._end(job, "abort")
 
+    def _refuse(self, peer: bytes, msg: PrefillRequest, key: str, exc: Exception) -> None:
+        """Answer a request `_make_request` refused, and count it by reason. Nothing of it
+        was taken yet: no job, no block."""
+        reason = _refusal_reason(exc)
+        detail = str(exc)[:_MAX_DETAIL]
+        logger.warning("prefill %s refused (%s): %s", key, reason, detail)
+        m = self.core.metrics
+        m.child(m.refused_inputs, reason=reason).inc()
+        self.reply(peer, PrefillFailed(msg.request_id, msg.attempt, f"{reason}: {detail}"))
+
     def _make_request(self, key: str, msg: PrefillRequest) -> Request:
-        """Validate the message against our model and the decode node's layout."""
+        """Validate the message against our model and the decode node's layout. Raises
+        ValueError or TypeError for a malformed message, PeerRefused when the transfer
+        agent rejects the decode node's."""
         if key in self.jobs:
             raise ValueError(f"{key} is already being prefilled")
         if time.time() - msg.sent_at > msg.deadline_s:
             raise ValueError("expired before it arrived")
         core = self.core
-        params = SamplingParams(**{**msg.sampling, "n": 1, "max_tokens": 1, "stop": None})
-        core.agent.connect(msg.agent, msg.rank_agents)
-        core.agent.check_peer(msg.agent.name)
-        remote = core.agent.remote_layout(msg.agent.name)
+        params = SamplingParams(**{**self._sampling(key, msg), "n": 1, "max_tokens": 1})
+        remote = self._connect(msg)
         num_tokens = len(msg.token_ids)
         max_len = core.config.scheduler.max_model_len
         vocab = core.config.model.vocab_size
@@ -166,6 +190,27 @@ class PrefillWorker:
             # the first token obeys the grammar too; D's matcher starts from the prompt
             request.grammar = core.grammars.matcher(params.structured_outputs)
         return request
+
+    def _sampling(self, key: str, msg: PrefillRequest) -> dict[str, Any]:
+        """The message's sampling fields this node knows; the others are ignored, logged
+        and counted (a newer decode node's, during a rolling upgrade)."""
+        known, unknown = split_known_fields(msg.sampling)
+        if unknown:
+            logger.warning("prefill %s: ignoring unknown sampling fields %s", key, unknown[:5])
+            m = self.core.metrics
+            m.child(m.refused_inputs, reason="unknown_sampling_field").inc()
+        return {**known, "stop": None}
+
+    def _connect(self, msg: PrefillRequest) -> KVLayout:
+        """Add the decode node's agents (and ranks); its KV layout. PeerRefused for
+        whatever the transfer agent raises (NIXL has its own exception types)."""
+        agent = self.core.agent
+        try:
+            agent.connect(msg.agent, msg.rank_agents)
+            agent.check_peer(msg.agent.name)
+            return agent.remote_layout(msg.agent.name)
+        except Exception as exc:
+            raise PeerRefused(str(exc)) from exc
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from tandem.engine.metrics import (
     DISAGG_DECISIONS,
     FALLBACK_REASONS,
+    REFUSAL_REASONS,
     TRANSFER_FAILURE_REASONS,
     NodeMetrics,
 )
@@ -16,10 +17,12 @@ from tandem.router.metrics import RETRY_REASONS, RouterMetrics
 
 SERIES = {
     "prefill": [("tandem_num_preemptions_total", {})]
-    + [("tandem_kv_transfer_failures_total", {"reason": r}) for r in TRANSFER_FAILURE_REASONS],
+    + [("tandem_kv_transfer_failures_total", {"reason": r}) for r in TRANSFER_FAILURE_REASONS]
+    + [("tandem_refused_inputs_total", {"reason": r}) for r in REFUSAL_REASONS["prefill"]],
     "decode": [("tandem_num_preemptions_total", {})]
     + [("tandem_prefill_fallbacks_total", {"reason": r}) for r in FALLBACK_REASONS]
-    + [("tandem_disagg_decisions_total", {"decision": d}) for d in DISAGG_DECISIONS],
+    + [("tandem_disagg_decisions_total", {"decision": d}) for d in DISAGG_DECISIONS]
+    + [("tandem_refused_inputs_total", {"reason": r}) for r in REFUSAL_REASONS["decode"]],
 }
 
 
