@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import torch
 from transformers import PreTrainedTokenizerBase
 
@@ -45,16 +46,20 @@ from tandem.engine.node_core import NodeCore
 from tandem.engine.prefill_failover import ABORT_RESEND_S, DecodeOptions, PrefillFailover
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampler import skip_draw
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.sampling_params import SamplingParams, split_known_fields
 from tandem.engine.scheduler import RemoteHold, remote_hold_key
 from tandem.engine.tracing import Tracing
 
 logger = logging.getLogger(__name__)
 
 # Re-exported: the CLI, the server and the tests name them here.
-__all__ = ["ABORT_RESEND_S", "DecodeOptions", "DecodeWorker", "GenerateInput"]
+__all__ = ["ABORT_RESEND_S", "DecodeOptions", "DecodeWorker", "DuplicateRequest", "GenerateInput"]
 
 Sink = Callable[[dict[str, Any]], None]
+
+
+class DuplicateRequest(ValueError):
+    """A request id still live on this node (the HTTP API answers 409 Conflict)."""
 
 
 @dataclass
@@ -113,13 +118,10 @@ class DecodeWorker:
     # -- requests in ----------------------------------------------------------------------
 
     def add(self, inp: GenerateInput, sink: Sink) -> None:
-        """Validate and queue; raises ValueError (nothing changed) for a bad request."""
-        if inp.request_id in self.streams:
-            raise ValueError(f"request id {inp.request_id!r} is already in use")
-        try:
-            params = SamplingParams(**inp.sampling)
-        except TypeError as exc:
-            raise ValueError(f"unknown sampling parameter: {exc}") from exc
+        """Validate and queue; raises ValueError (nothing changed) for a bad request,
+        DuplicateRequest for an id still live here."""
+        self._check_new_id(inp.request_id)
+        params = self._sampling(inp)
         if params.n != 1:
             raise ValueError("n must be 1 at a decode node (the router fans out)")
         config = self.core.config
@@ -158,6 +160,36 @@ class DecodeWorker:
                 "request %s: queued, %d prompt tokens, prefill %s",
                 inp.request_id, len(inp.token_ids), inp.prefill,
             )  # fmt: skip
+
+    def _check_new_id(self, request_id: str) -> None:
+        """DuplicateRequest if `request_id` has a stream here, or a hold whose blocks an
+        abandoned attempt may still write (a new request would take its hold keys)."""
+        if request_id in self.streams:
+            detail = "is already in use"
+        elif self.failover.has_holds(request_id):
+            detail = "is already in use: an earlier request's blocks are still being written"
+        else:
+            return
+        m = self.core.metrics
+        m.child(m.refused_inputs, reason="duplicate_id").inc()
+        raise DuplicateRequest(f"request id {request_id!r} {detail}")
+
+    def _sampling(self, inp: GenerateInput) -> SamplingParams:
+        """The request's sampling parameters; fields this node does not know are ignored,
+        logged and counted (a newer router's, during a rolling upgrade). ValueError for an
+        invalid value."""
+        known, unknown = split_known_fields(inp.sampling)
+        if unknown:
+            with request_log.request_context(inp.log_id):
+                logger.warning(
+                    "request %s: ignoring unknown sampling fields %s", inp.request_id, unknown[:5]
+                )
+            m = self.core.metrics
+            m.child(m.refused_inputs, reason="unknown_sampling_field").inc()
+        try:
+            return SamplingParams(**known)
+        except TypeError as exc:  # a value of the wrong type, compared or converted
+            raise ValueError(f"invalid sampling parameters: {exc}") from exc
 
     def _request_span(self, inp: GenerateInput) -> Any:
         """The request's span here, a child of the router's (None when tracing is off)."""
@@ -212,7 +244,14 @@ class DecodeWorker:
         self._send_aborts()
 
     def on_notification(self, sender: str, data: bytes) -> None:
-        done = decode_done(data)
+        """A prefill worker's `PrefillDone`; anything else is counted and dropped."""
+        try:
+            done = decode_done(data)
+        except msgspec.DecodeError as exc:  # ValidationError too: not a PrefillDone
+            logger.warning("undecodable notification from %s: %s", sender, exc)
+            m = self.core.metrics
+            m.child(m.refused_inputs, reason="undecodable").inc()
+            return
         if self.failover.current(done.request_id, done.attempt) is None:
             # a late attempt: every write of it has landed
             self._release_hold(remote_hold_key(done.request_id, done.attempt))
@@ -286,6 +325,8 @@ class DecodeWorker:
 
     def _complete_remote(self, stream: Stream, done: PrefillDone) -> None:
         request = stream.request
+        if not self._first_token_valid(stream, done):
+            return
         if done.src_heads:  # pieces from several prefill ranks, on some rank of ours
             destination = self.core.scheduler.remote_destination(request)
             try:
@@ -312,6 +353,20 @@ class DecodeWorker:
             request.request_id, done.token_id, from_wire(done.logprobs)
         )
         self._on_token(stream)
+
+    def _first_token_valid(self, stream: Stream, done: PrefillDone) -> bool:
+        """False (the attempt failed over, counted) for a first token outside the
+        vocabulary: it must never reach the embedding. Every write of the attempt has
+        landed, so its blocks are released at once."""
+        vocab = self.core.config.model.vocab_size
+        if 0 <= done.token_id < vocab:
+            return True
+        m = self.core.metrics
+        m.child(m.refused_inputs, reason="first_token").inc()
+        detail = f"first token {done.token_id} outside the vocabulary of {vocab}"
+        self._fall_back(stream, "error", detail)
+        self._release_hold(remote_hold_key(done.request_id, done.attempt))
+        return False
 
     def _fall_back(self, stream: Stream, reason: str, detail: str) -> None:
         """Retry on another worker once, then recompute here or fail, per the policy."""

@@ -162,6 +162,13 @@ class PrefillFailover:
         self.scheduler.abandoned_remote.clear()
         return unsent
 
+    def has_holds(self, request_id: str) -> bool:
+        """Whether blocks of an abandoned attempt of `request_id` are still held: its
+        worker may still write into them, and a new request under that id would take the
+        same hold keys."""
+        holds = [*self.scheduler.abandoned_remote, *self.unconfirmed.values()]
+        return any(h.request_id == request_id and self.kv.is_held(h.key) for h in holds)
+
     def expired_holds(self, now: float) -> list[str]:
         """Keys of the holds whose worker never confirmed by their deadline (to release)."""
         return [key for key, deadline in self.hold_deadlines.items() if now >= deadline]

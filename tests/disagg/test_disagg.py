@@ -146,7 +146,8 @@ def test_bad_requests_get_openai_errors_and_change_nothing(cluster):
         {"request_id": "x", "token_ids": [], "sampling": {}},
         {"request_id": "x", "token_ids": [1, 2], "sampling": {"temperature": -1}},
         {"request_id": "x", "token_ids": [1, 100000], "sampling": {}},
-        {"request_id": "x", "token_ids": [1, 2], "sampling": {"bogus": 1}},
+        # an unknown field is ignored (docs/security.md); a known one of the wrong type is not
+        {"request_id": "x", "token_ids": [1, 2], "sampling": {"temperature": "hot"}},
         {"request_id": "x", "token_ids": [1, 2], "sampling": {"n": 2}},
         {"request_id": "x", "token_ids": "not a list"},
         {"request_id": "x", "token_ids": list(range(5, 505)) * 2, "sampling": {}},

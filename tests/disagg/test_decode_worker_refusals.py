@@ -1,0 +1,116 @@
+"""What the decode worker refuses at its boundaries, on the test-only runner and prefill
+workers of the state machine: a notification that does not decode, a first token outside
+the vocabulary, a request id that is still live (its stream, or the hold of an abandoned
+attempt whose writes may still land). Each is refused on its own, counted in
+`tandem_refused_inputs_total`, and leaves every block accounted for; a sampling field the
+node does not know is ignored, logged and counted (a newer router's, in a rolling upgrade)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from tandem.decode_node.worker import DuplicateRequest, GenerateInput
+from tandem.engine.kv_transfer import AbortAck, PrefillDone, encode
+from tests.disagg.test_decode_worker_machine import WORKERS, DecodeWorkerMachine
+from tests.engine.test_scheduler import VOCAB
+from tests.engine.test_scheduler_machine import tokens_alone
+
+
+def refused(machine: DecodeWorkerMachine, reason: str) -> float:
+    m = machine.worker.core.metrics
+    return m.child(m.refused_inputs, reason=reason)._value.get()
+
+
+def sent_remote(machine: DecodeWorkerMachine) -> str:
+    """One request sent to a prefill worker; its hold key."""
+    machine.add(prefix=0, tail=0, max_tokens=3, remote=True)
+    machine.step()
+    (key,) = machine.may_write
+    return key
+
+
+def test_a_notification_that_does_not_decode_is_counted_and_dropped():
+    machine = DecodeWorkerMachine()
+    key = sent_remote(machine)
+    machine.worker.on_notification("prefill", b"\xc1 not msgpack")
+    machine.worker.on_notification("prefill", encode(AbortAck("r0", 1)))  # not a PrefillDone
+    assert refused(machine, "undecodable") == 2
+    assert "r0" in machine.worker.core.scheduler.remote  # still waiting for its prefill
+    machine.deliver_done(key)
+    machine.teardown()
+    assert machine.records["r0"][-1]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("token_id", [VOCAB, 10**6, -1])
+def test_a_first_token_outside_the_vocabulary_never_reaches_the_model(token_id):
+    """The attempt fails over (prefilled here, per the policy) and its blocks come back."""
+    machine = DecodeWorkerMachine()
+    key = sent_remote(machine)
+    msg = machine.may_write.pop(key)
+    bad = PrefillDone(msg.request_id, msg.attempt, token_id, None, 1, 1024, 0.0, 0.0)
+    machine.worker.on_notification("prefill", encode(bad))
+    assert refused(machine, "first_token") == 1
+    m = machine.worker.core.metrics
+    assert m.child(m.prefill_fallbacks, reason="error")._value.get() == 1
+    assert not machine.worker.core.kv.hold_keys()  # every write had landed: nothing held
+    machine.teardown()
+    records = machine.records["r0"]
+    assert records[-1]["finish_reason"] == "length"
+    assert [t for r in records for t in r["token_ids"]] == machine.expected["r0"]
+
+
+def test_a_live_request_id_is_refused_and_the_first_goes_on():
+    machine = DecodeWorkerMachine()
+    key = sent_remote(machine)
+    again = GenerateInput("r0", [1, 2, 3], {"max_tokens": 1})
+    with pytest.raises(DuplicateRequest, match="'r0' is already in use"):
+        machine.worker.add(again, lambda record: None)
+    assert refused(machine, "duplicate_id") == 1
+    machine.deliver_done(key)
+    machine.teardown()
+    assert machine.records["r0"][-1]["finish_reason"] == "length"
+
+
+def test_an_id_whose_abandoned_attempt_may_still_be_written_is_refused():
+    """The client left while r0's prefill was in flight: its blocks stay held until the
+    worker confirms. A new r0 would take the same hold key (a collision on the engine
+    thread) or have its own attempt's answer release the old blocks under the writes."""
+    machine = DecodeWorkerMachine()
+    key = sent_remote(machine)
+    assert machine.worker.abort("r0")
+    machine.step()  # the abort goes out; the hold waits for the answer
+    kv = machine.worker.core.kv
+    assert kv.is_held(key)
+    with pytest.raises(DuplicateRequest, match="still being written"):
+        machine.worker.add(GenerateInput("r0", [1, 2, 3], {"max_tokens": 1}), print)
+    assert kv.is_held(key) and "r0" not in machine.worker.streams
+    machine.worker.on_reply(WORKERS[0], AbortAck("r0", 1))
+    machine.may_write.pop(key)
+    assert not kv.hold_keys()
+    fresh = GenerateInput("r0", [1, 2, 3], {"max_tokens": 1, "ignore_eos": True})
+    machine.records["r0"], machine.expected["r0"] = [], tokens_alone([1, 2, 3], 1)
+    machine.worker.add(fresh, machine.records["r0"].append)  # free to reuse now
+    machine.teardown()
+    assert machine.records["r0"][-1]["finish_reason"] == "length"
+
+
+def test_an_unknown_sampling_field_is_ignored_logged_and_counted(caplog):
+    machine = DecodeWorkerMachine()
+    machine.records["r"] = []
+    sampling = {"max_tokens": 2, "ignore_eos": True, "temperature": 0.0, "future_knob": 1}
+    with caplog.at_level(logging.WARNING, "tandem.decode_node.worker"):
+        machine.worker.add(GenerateInput("r", [5, 6, 7], sampling), machine.records["r"].append)
+    assert refused(machine, "unknown_sampling_field") == 1 and "future_knob" in caplog.text
+    machine.expected["r"] = tokens_alone([5, 6, 7], 2)
+    machine.teardown()
+    assert machine.records["r"][-1]["finish_reason"] == "length"
+
+
+def test_a_sampling_value_of_the_wrong_type_is_a_value_error():
+    """The HTTP handler answers ValueError with a 400 (a TypeError was a 500)."""
+    machine = DecodeWorkerMachine()
+    with pytest.raises(ValueError, match="sampling"):
+        machine.worker.add(GenerateInput("r", [5, 6], {"temperature": "hot"}), print)
+    assert not machine.worker.streams
