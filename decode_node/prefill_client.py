@@ -9,6 +9,7 @@ reported at once (`lost()`) rather than found out at the request's deadline.
 from __future__ import annotations
 
 import logging
+import re
 
 import msgspec
 import zmq
@@ -20,6 +21,18 @@ logger = logging.getLogger(__name__)
 
 # How long the first send to a new worker waits for the connection.
 CONNECT_TIMEOUT_MS = 500
+# A prefill worker's endpoint, as routers name it: tcp://host:port (an IPv6 host in
+# brackets). Anything else is refused before it reaches a socket.
+_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})")
+_MAX_ENDPOINT_LEN = 300
+
+
+def check_endpoint(endpoint: str) -> str:
+    """`endpoint` if it is `tcp://host:port` with a port in 1..65535; ValueError if not."""
+    match = _ENDPOINT.fullmatch(endpoint) if len(endpoint) <= _MAX_ENDPOINT_LEN else None
+    if match is None or not 0 < int(match.group(2)) < 65536:
+        raise ValueError("a prefill endpoint must be tcp://host:port")
+    return endpoint
 
 
 class PrefillClient:

@@ -13,16 +13,16 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import zmq
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
-from tandem.decode_node.prefill_client import PrefillClient
-from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
+from tandem.decode_node.prefill_client import PrefillClient, check_endpoint
+from tandem.decode_node.worker import DecodeOptions, DecodeWorker, DuplicateRequest, GenerateInput
 from tandem.engine import request_log, tracing
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import (
@@ -40,12 +40,15 @@ _REMOTE_POLL_MS = 1  # NIXL notifications have no file descriptor: poll while wa
 _IDLE_POLL_MS = 100
 
 
+Endpoint = Annotated[str, AfterValidator(check_endpoint)]
+
+
 class GenerateBody(BaseModel):
     request_id: str = Field(min_length=1)
     token_ids: list[int]
     sampling: dict[str, Any] = {}
-    prefill: str | None = None
-    prefill_alternates: list[str] = []
+    prefill: Endpoint | None = None
+    prefill_alternates: list[Endpoint] = []
     cache_salt: str | None = None
 
 
@@ -124,6 +127,8 @@ def add_decode_routes(server: NodeServer) -> None:
         try:
             with request_log.request_context(log_id):
                 await server.call(lambda: worker.add(inp, _sink(loop, queue)))
+        except DuplicateRequest as exc:
+            return error_body(str(exc), 409, "conflict_error")
         except ValueError as exc:
             return error_body(str(exc), 400)
         return StreamingResponse(

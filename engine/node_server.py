@@ -18,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import NodeCore
@@ -56,6 +57,22 @@ def add_validation_handler(app: FastAPI) -> None:
         detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
         param = ".".join(str(p) for p in errors[0]["loc"][1:]) if errors else None
         return error_body(detail, 400, param=param or None)
+
+
+_HTTP_ERROR_KINDS = {404: "not_found_error", 405: "invalid_request_error"}
+
+
+def add_http_error_handler(app: FastAPI) -> None:
+    """Answer an unknown route (404), a wrong method (405) and every other HTTP error the
+    framework raises in the same OpenAI error shape as the node's own errors, not
+    FastAPI's `{"detail": ...}` (a 405 keeps its `Allow` header)."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request, exc: StarletteHTTPException) -> Response:
+        kind = _HTTP_ERROR_KINDS.get(exc.status_code, "invalid_request_error")
+        if exc.status_code >= 500:
+            kind = "server_error"
+        return error_body(str(exc.detail), exc.status_code, kind, headers=exc.headers)
 
 
 class Worker(Protocol):
@@ -130,6 +147,7 @@ class NodeServer:
         app = self.app
 
         add_validation_handler(app)
+        add_http_error_handler(app)
 
         @app.get("/health")
         async def health() -> Response:
