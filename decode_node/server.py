@@ -57,8 +57,9 @@ class AbortBody(BaseModel):
 
 
 class DecodeLoop:
-    """One iteration: wait, run queued calls, read replies, notifications and dropped
-    connections, step, publish KV events."""
+    """One iteration: wait, run queued calls, send what waited for a connection (and hear
+    what never will be), read replies, notifications and dropped connections, step,
+    publish KV events."""
 
     def __init__(
         self,
@@ -85,6 +86,8 @@ class DecodeLoop:
             self.core.steps.wait()
         self.poller.poll(timeout)
         self.loop.run_calls()
+        for endpoint, msg in self.client.unsent():
+            worker.on_unsent(endpoint, msg)
         for endpoint, msg in self.client.receive():
             worker.on_reply(endpoint, msg)
         for sender, data in self.core.agent.notifications():

@@ -268,6 +268,17 @@ class DecodeWorker:
             self._fall_back(stream, "error", f"{endpoint} failed it: {msg.reason}")
         self._release_hold(key)  # a failure report means no write is in flight
 
+    def on_unsent(self, endpoint: str, msg: msgspec.Struct) -> None:
+        """The client gave up sending `msg` (no connection came up in time): a request's
+        attempt fails over as unreachable, and its blocks go back at once, since nothing of
+        it was ever queued. An abort needs nothing: it is resent while unconfirmed."""
+        if not isinstance(msg, PrefillRequest):
+            return
+        if self.failover.current(msg.request_id, msg.attempt) is not None:
+            stream = self.streams[msg.request_id]
+            self._fall_back(stream, "unreachable", f"{endpoint} did not connect")
+        self._release_hold(remote_hold_key(msg.request_id, msg.attempt))
+
     def on_disconnect(self, endpoint: str) -> None:
         """The connection to a prefill worker dropped: every attempt waiting on it fails
         over now (its blocks stay held until that worker, or its successor, confirms)."""

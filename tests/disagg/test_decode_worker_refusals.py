@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from tandem.decode_node.worker import DuplicateRequest, GenerateInput
-from tandem.engine.kv_transfer import AbortAck, PrefillDone, encode
+from tandem.engine.kv_transfer import AbortAck, AbortPrefill, PrefillDone, PrefillRequest, encode
 from tests.disagg.test_decode_worker_machine import WORKERS, DecodeWorkerMachine
 from tests.engine.test_scheduler import VOCAB
 from tests.engine.test_scheduler_machine import tokens_alone
@@ -114,3 +114,19 @@ def test_a_sampling_value_of_the_wrong_type_is_a_value_error():
     with pytest.raises(ValueError, match="sampling"):
         machine.worker.add(GenerateInput("r", [5, 6], {"temperature": "hot"}), print)
     assert not machine.worker.streams
+
+
+def test_a_request_the_client_gave_up_sending_fails_over_and_holds_nothing():
+    """The worker's connection never came up: nothing of the attempt was queued, so none
+    of it can land; the request moves on at once and its blocks come back."""
+    machine = DecodeWorkerMachine()
+    key = sent_remote(machine)
+    ((endpoint, msg),) = [(e, m) for e, m in machine.client.sent if isinstance(m, PrefillRequest)]
+    machine.may_write.pop(key)
+    machine.worker.on_unsent(endpoint, msg)
+    m = machine.worker.core.metrics
+    assert m.child(m.prefill_fallbacks, reason="unreachable")._value.get() == 1
+    assert not machine.worker.core.kv.hold_keys()
+    machine.worker.on_unsent(endpoint, AbortPrefill("r0", 1, "decode"))  # resent as usual
+    machine.teardown()
+    assert machine.records["r0"][-1]["finish_reason"] == "length"
