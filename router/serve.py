@@ -4,8 +4,8 @@ The embedded default and the first thing a newcomer runs. Without `--model` it w
 small random checkpoint once (into the user cache) and serves that. Every request is
 disaggregated (remote-prefill threshold 0) so the real path runs: router -> decode node ->
 prefill node over ZMQ -> KV blocks over NIXL -> decode. A child that dies is restarted
-on the same ports under a bounded policy (`tandem.router.supervisor`); Ctrl-C (or SIGTERM)
-stops every child, and so does a child that crashes too often.
+on the same ports under a bounded policy (`tandem.router.supervisor`); Ctrl-C, SIGINT or
+SIGTERM stops every child, and so does a child that crashes too often.
 """
 
 from __future__ import annotations
@@ -156,8 +156,9 @@ def restart_policy(args: argparse.Namespace) -> RestartPolicy:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Serve until Ctrl-C or SIGTERM (exit 0), or until start-up fails or a child crashes
-    more often than the restart policy allows (exit 1); every child is stopped either way."""
+    """Serve until Ctrl-C, SIGINT or SIGTERM (exit 0), or until start-up fails or a child
+    crashes more often than the restart policy allows (exit 1); every child is stopped
+    either way."""
     if args.decode < 1 or args.prefill < 0:
         raise SystemExit("--decode must be at least 1 and --prefill at least 0")
     check_tensor_parallel(args)
@@ -166,7 +167,10 @@ def run(args: argparse.Namespace) -> None:
     children = plan(args, model)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     supervisor = Supervisor(children, policy, env)
-    signal.signal(signal.SIGTERM, _interrupt)
+    # SIGINT too, explicitly: a background job of a non-interactive shell starts with it
+    # ignored, and Python keeps that, so `kill -INT` alone would not stop serve.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupt)
     code = 0
     try:
         supervisor.start()
@@ -179,6 +183,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"tandem serve: {exc}; stopping", file=sys.stderr)
         code = 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # stopping already: a second is moot
+        for signum in (signal.SIGINT, signal.SIGTERM):  # stopping already: a second is moot
+            signal.signal(signum, signal.SIG_IGN)
         supervisor.stop()
     sys.exit(code)

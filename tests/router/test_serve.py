@@ -1,10 +1,11 @@
 """`tandem serve` as a supervisor: the default model it writes, a crashed child restarted on
 its ports (a new agent the router takes back), and a child that crashes more often than
 allowed stopping everything. (SIGTERM stopping every child, a restarted one included, is
-checked by the soak's smoke test, `test_soak.py`.)"""
+checked by the soak's smoke test, `test_soak.py`; SIGINT alone, here.)"""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 from pathlib import Path
 
@@ -79,5 +80,26 @@ def test_a_crashed_child_is_restarted_until_it_crashes_too_often(llama_dir, rout
         assert not alive(second.values())
         log = (router_logs / f"serve-{serve.http_port}.log").read_text()
         assert "decode-0 restarted" in log and "2 crashes within 3600 s" in log, log[-2000:]
+    finally:
+        serve.stop()
+
+
+def test_sigint_alone_stops_serve_and_every_child_though_it_started_ignored(llama_dir, router_logs):
+    """`kill -INT` to the serve process (not its group) stops everything, like SIGTERM. A
+    background job of a non-interactive shell starts with SIGINT ignored, and Python keeps
+    an ignored SIGINT unless the program sets a handler: serve did not, and kept running."""
+    serve = ServeProc(llama_dir, router_logs, *FLAGS)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited, as from a shell
+    try:
+        serve.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        serve.wait_ready()
+        started = children(serve)
+        assert started.keys() == {"tandem.decode_node", "tandem.router"}
+        serve.proc.send_signal(signal.SIGINT)
+        assert serve.proc.wait(HANG_S) == 0
+        assert not alive(started.values())
     finally:
         serve.stop()
