@@ -110,7 +110,7 @@ def _lead(
     identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
     elector = LeaderElector(
         api, args.lease_namespace, LEASE_NAME, identity,
-        duration_s=args.lease_duration, renew_s=args.lease_duration / 3,
+        duration_s=args.lease_duration, renew_deadline_s=args.lease_duration * 2 / 3,
     )  # fmt: skip
     if not elector.wait_until_leader(run.stop):
         return None
