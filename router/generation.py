@@ -4,7 +4,8 @@ ending with `data: [DONE]`.
 
 A streamed request is answered with an error status (not a stream) when its first record
 cannot be had (no worker, a bad request found by the worker); a failure after that ends
-the stream with an error event. A client that goes away aborts every choice downstream.
+the stream with an error event, a fault of the router's own too (then `data: [DONE]`,
+always). A client that goes away aborts every choice downstream.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tandem.engine import request_log, tracing
 from tandem.engine.tracing import Tracing
 from tandem.router.dispatch import Dispatcher, Job
-from tandem.router.errors import APIError, InvalidRequest, TooManyRequests
+from tandem.router.errors import APIError, InvalidRequest, RouterFault, TooManyRequests
 from tandem.router.metrics import RouterMetrics
 from tandem.router.phase_metrics import ChoiceClock
 from tandem.router.responses import ChoiceState, Format, usage
@@ -280,6 +281,11 @@ class GenerationRunner:
         except StopAsyncIteration:
             if gen.include_usage:
                 yield _data({**gen.body([], chunk=True), "usage": gen.usage})
+        except Exception:  # a fault of ours: the client still gets an end
+            logger.exception("response %s: streaming failed", gen.response_id)
+            fault = RouterFault("the router failed while streaming this answer")
+            self._count_failure(fault, "event")
+            yield _data({"error": json.loads(fault.response().body)["error"]})
         yield "data: [DONE]\n\n"
 
 
