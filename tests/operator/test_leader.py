@@ -148,3 +148,26 @@ def test_a_leader_whose_renewals_hang_steps_down_before_others_may_take_over():
     assert stepped_down_at, "the leader never stepped down"
     assert not may_take(lease, "b", stepped_down_at[0])  # b still waits: no overlap
     assert all(t is not None and t <= a.renew_deadline_s for t in api.timeouts)
+
+
+def test_a_lost_lease_exits_without_waiting_for_a_running_reconcile():
+    from tandem.operator.lifecycle import EXIT_TIMEOUT_S, Run, wait_for_stop
+
+    class HungKopf:  # kopf's thread, with a reconcile that does not end
+        def __init__(self) -> None:
+            self.waited: list[float] = []
+
+        def join(self, timeout: float) -> None:
+            self.waited.append(timeout)
+
+        def is_alive(self) -> bool:
+            return True
+
+    lost, stopped = Run(), Run()
+    lost.fail("lost the leader lease", at_once=True)
+    stopped.stop.set()  # SIGTERM
+    for run, grace in ((lost, 0), (stopped, EXIT_TIMEOUT_S)):
+        kopf = HungKopf()
+        assert wait_for_stop(run, kopf) is False
+        assert kopf.waited == [grace]
+    assert lost.exit_code() == 1 and stopped.exit_code() == 0
