@@ -3,9 +3,11 @@ the lease is free or expired, the leader renews it, and a leader that cannot ren
 the renew deadline stops (its pod restarts as a standby).
 
 The renew deadline is strictly shorter than the lease duration (client-go's 10 s of 15 s),
-and every API call of a renewal is bounded by the time left before that deadline, so a
-leader gives up while its last renewal still holds the others off: the margin (5 s by
-default) is what separates the old leader's last act from a standby's first."""
+every API call of a renewal is bounded by the time left before that deadline, and a
+watchdog apart from the renewing thread steps down at the deadline even if a call hangs
+past its timeout, so a leader gives up while its last renewal still holds the others off:
+the margin (5 s by default, less the watchdog's period `retry_s`) is what separates the old
+leader's last act from a standby's first."""
 
 from __future__ import annotations
 
@@ -100,17 +102,28 @@ class LeaderElector:
         return False
 
     def keep_leading(self, stop: threading.Event, on_lost: Callable[[], None]) -> None:
-        """Renew every `retry_s` until `stop`; call `on_lost` once no renewal succeeded
-        within the renew deadline of the last one (`renewed_at`)."""
-        while not stop.wait(self.retry_s):
+        """Renew every `retry_s` until `stop`, in a thread of its own, while this one
+        watches the deadline: once no renewal succeeded within `renew_deadline_s` of the
+        last one (`renewed_at`), call `on_lost` and return, even while a renewal call still
+        hangs (a DNS lookup, or an HTTP client's retries, outlive any timeout given)."""
+        done = threading.Event()  # lost or stopped: the renewing thread ends
+        renewer = threading.Thread(target=self._renew, args=(stop, done), daemon=True)
+        renewer.start()
+        try:
+            while not stop.wait(self.retry_s):
+                if self.clock() >= self.renewed_at + self.renew_deadline_s:
+                    logger.error("lost lease %s/%s: no renewal within %s s", self.namespace,
+                                 self.name, self.renew_deadline_s)  # fmt: skip
+                    on_lost()
+                    return
+        finally:
+            done.set()
+
+    def _renew(self, stop: threading.Event, done: threading.Event) -> None:
+        while not stop.wait(self.retry_s) and not done.is_set():
             deadline = self.renewed_at + self.renew_deadline_s
-            if self.clock() < deadline and self._attempt(deadline):
-                continue
-            if self.clock() >= deadline:
-                logger.error("lost lease %s/%s: no renewal within %s s", self.namespace,
-                             self.name, self.renew_deadline_s)  # fmt: skip
-                on_lost()
-                return
+            if self.clock() < deadline:
+                self._attempt(deadline)
 
     def release(self) -> None:
         """Give the lease up on a clean stop, so a standby need not wait for it to expire

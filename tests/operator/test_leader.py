@@ -171,3 +171,47 @@ def test_a_lost_lease_exits_without_waiting_for_a_running_reconcile():
         assert wait_for_stop(run, kopf) is False
         assert kopf.waited == [grace]
     assert lost.exit_code() == 1 and stopped.exit_code() == 0
+
+
+class FakeStop(threading.Event):
+    """`stop` whose waits pass on the fake clock, not in real time."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def wait(self, timeout=None) -> bool:
+        if not self.is_set():
+            self.clock.now += timeout
+        return self.is_set()
+
+
+def test_a_leader_steps_down_at_its_deadline_while_a_renewal_call_hangs_on():
+    """A call that ignores its timeout (an HTTP client's retries, a DNS lookup) does not
+    hold the step-down back: a watchdog apart from the renewing thread acts."""
+    clock = Clock()
+    api = HangingApi(clock)
+    (a,) = electors(api, clock, "a")
+    a.retry_s = 2.0
+    assert a.wait_until_leader(threading.Event())
+    lease = lease_state(api.get(LEASE, "ops", "tandem-operator"))
+    release = threading.Event()
+
+    def hang_forever(timeout_s) -> None:
+        release.wait()  # until the test ends
+        raise ApiError(503, "released")
+
+    api._hang = hang_forever
+    stop, lost = FakeStop(clock), threading.Event()
+    stepped_down_at = []
+    leader = threading.Thread(
+        target=a.keep_leading, args=(stop, lambda: (stepped_down_at.append(clock.now), lost.set()))
+    )
+    leader.start()
+    try:
+        assert lost.wait(60), "the leader never stepped down"  # a guard against a hang
+        assert not may_take(lease, "b", stepped_down_at[0])
+    finally:
+        stop.set()
+        release.set()
+        leader.join()
