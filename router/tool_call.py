@@ -81,7 +81,8 @@ def _json_string(literal: str) -> str | None:
 
 
 def _is_name(value: object) -> bool:
-    """A string that can be sent as UTF-8 (an escaped lone surrogate, `\\ud800`, cannot)."""
+    """A string that can be sent as UTF-8 (a lone surrogate, as `\\ud800` decodes to,
+    cannot)."""
     if not isinstance(value, str):
         return False
     try:
@@ -99,6 +100,8 @@ def _whole(obj: str, key: str) -> ParsedCall | None:
     if not isinstance(loaded, dict) or not _is_name(loaded.get("name")):
         return None
     arguments = json.dumps(loaded.get(key, {}), ensure_ascii=False)
+    if not _is_name(arguments):  # an escaped lone surrogate: keep it escaped
+        arguments = json.dumps(loaded.get(key, {}))
     return ParsedCall(loaded["name"], arguments)
 
 

@@ -221,3 +221,12 @@ def test_streaming_a_long_call_reads_each_character_a_bounded_number_of_times(
     assert stream.scan.num_scanned < 2 * len(text) + 20 * num_pieces
     (call,) = parser_class(tokenizer).parse(text, final=True).calls
     assert stream.arguments_sent == [len(call.arguments)]
+
+
+def test_a_whole_call_with_an_escaped_lone_surrogate_keeps_it_escaped(tokenizer):
+    """Arguments re-written from a parsed object must still encode as UTF-8 (the answer's
+    body), so a lone surrogate stays an escape."""
+    text = '{"parameters": {"x": "\\ud800é"}, "name": "f"}'
+    (call,) = Llama3JsonParser(tokenizer).parse(text, final=True).calls
+    call.arguments.encode("utf-8")
+    assert json.loads(call.arguments) == {"x": "\ud800é"}
