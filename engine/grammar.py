@@ -43,8 +43,9 @@ class Grammar:
     """One sequence's place in its grammar. Owned by its request: `accept` advances it with
     each appended token; the sampler reads `matcher` to mask the next token's logits."""
 
-    def __init__(self, matcher: llguidance.LLMatcher) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
         self.matcher = matcher
+        self.vocab_size = vocab_size  # bits in the matcher's masks (>= the model's logits)
 
     def accept(self, token_id: int) -> bool:
         """Advance past `token_id`; False if the grammar forbids it (the grammar is then in
@@ -70,7 +71,15 @@ class GrammarCompiler:
     past `max_entries`). Not thread-safe: one per engine thread (or router event loop).
     The llguidance tokenizer is built on first use (about two seconds for a 150k
     vocabulary), so an offline engine that never sees a grammar never pays for it; servers
-    build it at start-up (`prepare`)."""
+    build it at start-up (`prepare`).
+
+    Its vocabulary is the larger of the model's (`vocab_size`, the logits' width) and the
+    tokenizer's, as vLLM does: llguidance refuses fewer entries than the tokenizer has
+    tokens, and a tokenizer may count an added token the model has no logit for (a model
+    served before structured outputs existed must still start). Tokens past the logits are
+    never sampled (the mask is cut to the logits' width). A tokenizer llguidance cannot take
+    at all leaves structured outputs unavailable: `prepare` logs it and returns, and every
+    spec raises InvalidGrammar saying why (a 400), while plain requests are served."""
 
     def __init__(
         self,
@@ -84,16 +93,22 @@ class GrammarCompiler:
         self.eos_token_ids = list(eos_token_ids)
         self.max_entries = max_entries
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self.unavailable: str | None = None  # why structured outputs cannot be served
         self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
 
     def prepare(self) -> None:
         """Build the llguidance tokenizer now rather than on the first spec: a server calls
-        this at start-up, so no request waits a second for it."""
-        self._tokenizer()
+        this at start-up, so no request waits a second for it. Never raises: a tokenizer
+        llguidance refuses is logged and leaves structured outputs unavailable."""
+        try:
+            self._tokenizer()
+        except InvalidGrammar as exc:
+            logger.warning("%s; plain requests are served", exc)
 
     def matcher(self, spec: StructuredOutputsParams) -> Grammar:
         """A fresh matcher at the grammar's start. Raises InvalidGrammar."""
-        return Grammar(self._compiled(spec).deep_copy())
+        matcher = self._compiled(spec).deep_copy()
+        return Grammar(matcher, self._tokenizer().vocab_size)
 
     def validate(self, spec: StructuredOutputsParams) -> None:
         """Compile (or find cached) and discard. Raises InvalidGrammar."""
@@ -118,13 +133,22 @@ class GrammarCompiler:
         return matcher
 
     def _tokenizer(self) -> llguidance.LLTokenizer:
-        if self._ll_tokenizer is None:
-            if self.tokenizer is None:
-                raise InvalidGrammar("structured outputs need the model's tokenizer")
-            self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                self.tokenizer, n_vocab=self.vocab_size, eos_token=self.eos_token_ids or None
-            )
-        return self._ll_tokenizer
+        if self._ll_tokenizer is not None:
+            return self._ll_tokenizer
+        if self.unavailable is None and self.tokenizer is None:
+            self.unavailable = "structured outputs need the model's tokenizer"
+        if self.unavailable is None:
+            n_vocab = max(self.vocab_size, len(self.tokenizer))
+            try:
+                self._ll_tokenizer = llguidance.hf.from_tokenizer(
+                    self.tokenizer, n_vocab=n_vocab, eos_token=self.eos_token_ids or None
+                )
+                return self._ll_tokenizer
+            except (ValueError, TypeError, RuntimeError) as exc:  # llguidance's refusals
+                self.unavailable = (
+                    f"structured outputs are not available for this model: {_first_error(str(exc))}"
+                )
+        raise InvalidGrammar(self.unavailable)
 
 
 def grammar_text(spec: StructuredOutputsParams) -> str:

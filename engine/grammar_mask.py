@@ -33,12 +33,12 @@ class GrammarMask:
     matchers without advancing them."""
 
     def __init__(self, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.vocab_size = vocab_size
-        self.num_words = (vocab_size + 31) // 32
+        self.vocab_size = vocab_size  # the logits' width
+        self.num_words = 0  # per row of llguidance's bitmask: its vocabulary's, once seen
         self.device = device
         self.executor = llguidance.LLExecutor()
         self._table = _byte_table(dtype, device)  # [256, 8]
-        self._bitmask = torch.empty(0, self.num_words, dtype=torch.int32)  # host [R, W]
+        self._bitmask = torch.empty(0, 0, dtype=torch.int32)  # host [R, W]
         self._index = torch.empty(0, dtype=torch.int32, device=device)  # [R * 4W]
         self._additive = torch.empty(0, 8, dtype=dtype, device=device)  # [R * 4W, 8]
 
@@ -49,7 +49,11 @@ class GrammarMask:
         if not rows:
             return
         assert logits.shape[1] == self.vocab_size, (logits.shape, self.vocab_size)
-        self._reserve(len(rows))
+        # the grammars' vocabulary may be larger than the logits (a tokenizer's added token
+        # with no logit): their masks are that wide, and cut to the logits below
+        (grammar_vocab,) = {requests[i].grammar.vocab_size for i in rows}
+        assert grammar_vocab >= self.vocab_size, (grammar_vocab, self.vocab_size)
+        self._reserve(len(rows), (grammar_vocab + 31) // 32)
         bitmask = self._bitmask[: len(rows)]
         matchers = [(requests[i].grammar.matcher, k) for k, i in enumerate(rows)]
         self.executor.unsafe_compute_mask_ptr(
@@ -73,9 +77,10 @@ class GrammarMask:
         torch.index_select(self._table, 0, index, out=out)
         return out.view(num_rows, self.num_words * 32)
 
-    def _reserve(self, num_rows: int) -> None:
-        if num_rows <= self._bitmask.shape[0]:
+    def _reserve(self, num_rows: int, num_words: int) -> None:
+        if num_rows <= self._bitmask.shape[0] and num_words == self.num_words:
             return
+        self.num_words = num_words
         pin = self.device.type == "cuda"
         self._bitmask = torch.empty(num_rows, self.num_words, dtype=torch.int32, pin_memory=pin)
         num_bytes = num_rows * self.num_words * 4

@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--lease-duration", type=float, default=15.0,
-        help="seconds a leader holds the Lease without renewing it (renewed every third)",
+        help="seconds a leader holds the Lease without renewing it (it steps down after "
+        "two thirds of that without a renewal)",
     )  # fmt: skip
     parser.add_argument(
         "--lease-namespace", default=os.environ.get("POD_NAMESPACE", "default"),

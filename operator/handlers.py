@@ -1,4 +1,7 @@
-"""Thin kopf handlers: create, update, resume and a timer all call the one reconcile.
+"""Thin kopf handlers: create, update, resume and a timer all call the one reconcile; a
+watch event of a deleted resource drops what the operator kept for it (its lock, the
+warnings it sent), so a long-lived operator's memory does not grow with every resource it
+ever saw. The event handler adds no finalizer: deletion never waits for the operator.
 
 The handlers live in a registry built here and passed to `kopf.run`, not in kopf's global
 default registry, so tests build as many operators as they like. kopf adds its default
@@ -12,7 +15,8 @@ import copy
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import kopf
@@ -28,16 +32,48 @@ ANNOTATION_PREFIX = "tandem.dev"  # kopf keeps its progress in annotations, not 
 RETRY_DELAY_S = 10.0
 
 
+class ResourceLocks:
+    """One lock per resource uid, made on first use and dropped by `forget`. Thread-safe:
+    kopf runs sync handlers in a thread pool."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    @contextmanager
+    def hold(self, uid: str) -> Iterator[None]:
+        with self._guard:
+            lock = self._locks.setdefault(uid, threading.Lock())
+        with lock:
+            yield
+
+    def forget(self, uid: str) -> None:
+        with self._guard:
+            self._locks.pop(uid, None)
+
+
 def build_registry(
-    reconciler: Reconciler, metrics: OperatorMetrics, interval_s: float = 60.0
+    reconciler: Reconciler,
+    metrics: OperatorMetrics,
+    interval_s: float = 60.0,
+    locks: ResourceLocks | None = None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+    locks = locks if locks is not None else ResourceLocks()
 
     def reconcile(trigger: str, body: kopf.Body) -> None:
         # kopf may run the timer while a change handler runs: one reconcile per object.
-        with locks[body.metadata.uid or ""]:
+        with locks.hold(body.metadata.uid or ""):
             _run(reconciler, metrics, trigger, _plain(body))
+
+    def on_event(type: str, body: kopf.Body, **_: Any) -> None:
+        if type == "DELETED":
+            uid = body.metadata.uid or ""
+            locks.forget(uid)
+            reconciler.forget(uid)
 
     def on_change(body: kopf.Body, reason: str, **_: Any) -> None:
         reconcile(str(getattr(reason, "value", reason)), body)
@@ -65,6 +101,7 @@ def build_registry(
         ("resume", kopf.on.resume),
     ):
         decorator(*RESOURCE, id=f"reconcile-on-{name}", registry=registry)(on_change)
+    kopf.on.event(*RESOURCE, id="forget-on-delete", registry=registry)(on_event)
     kopf.timer(*RESOURCE, id="resync", interval=interval_s, idle=interval_s / 2, registry=registry)(
         on_timer
     )

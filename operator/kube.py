@@ -62,9 +62,11 @@ class KubeApi:
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
         return self._call("PATCH", path, query, body, APPLY)
 
-    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(
+        self, kind: Kind, namespace: str, name: str, timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> dict[str, Any] | None:
         try:
-            return self._call("GET", kind.path(namespace, name))
+            return self._call("GET", kind.path(namespace, name), timeout_s=timeout_s)
         except ApiError as exc:
             if exc.status == 404:
                 return None
@@ -80,12 +82,17 @@ class KubeApi:
         path = LLM_DEPLOYMENT.path(namespace) if namespace else LLM_DEPLOYMENT.cluster_path()
         self._call("GET", path, [("limit", "1")])
 
-    def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", kind.path(namespace), body=body)
+    def create(
+        self, kind: Kind, namespace: str, body: dict[str, Any], timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> dict[str, Any]:
+        return self._call("POST", kind.path(namespace), body=body, timeout_s=timeout_s)
 
-    def replace(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    def replace(
+        self, kind: Kind, namespace: str, body: dict[str, Any], timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> dict[str, Any]:
         """PUT with the body's resourceVersion: 409 when someone else wrote first."""
-        return self._call("PUT", kind.path(namespace, body["metadata"]["name"]), body=body)
+        path = kind.path(namespace, body["metadata"]["name"])
+        return self._call("PUT", path, body=body, timeout_s=timeout_s)
 
     def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> None:
         """Delete that very object (a uid precondition), its dependents in the background."""
@@ -127,7 +134,9 @@ class KubeApi:
         query: list[tuple[str, str]] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> dict[str, Any]:
+        """One call, bounded by `timeout_s` (urllib3's total: connect and read)."""
         headers = {"Accept": "application/json", "Content-Type": content_type}
         _, url, headers, body, _ = self.client.param_serialize(
             method, path, query_params=query or [], header_params=headers, body=body,
@@ -137,9 +146,7 @@ class KubeApi:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            response = self.client.call_api(
-                method, url, headers, body, _request_timeout=REQUEST_TIMEOUT_S
-            )
+            response = self.client.call_api(method, url, headers, body, _request_timeout=timeout_s)
         except ApiException as exc:  # a TLS failure, or 429 after the client's retries
             raise ApiError(exc.status or 503, str(exc.reason)) from exc
         except urllib3.exceptions.HTTPError as exc:  # refused, reset or timed out

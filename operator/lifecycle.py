@@ -4,7 +4,9 @@ kopf, and how it ends.
 The main thread supervises: it owns the signals and the exit code, and kopf runs in a
 worker thread (kopf then leaves signals alone and stops on our flag). Whatever ends the run
 (SIGTERM or SIGINT, a fatal error, a lost lease, kopf returning or failing) sets one stop
-flag; the process exits within `EXIT_TIMEOUT_S` of it even if a handler hangs.
+flag; the process exits within `EXIT_TIMEOUT_S` of it even if a handler hangs, and at once
+when the lease was lost (controller-runtime's zero graceful-shutdown timeout then): a
+standby may lead soon, and a reconcile still running here must not write after it does.
 
 Exit codes: 0 when stopped by a signal; 1 on a fatal error (credentials or permissions
 refused, kopf failed, the lease lost: the pod restarts, as a standby if another leads).
@@ -40,11 +42,13 @@ class Run:
     def __init__(self) -> None:
         self.stop = threading.Event()
         self.fatal: str | None = None
+        self.at_once = False  # exit without waiting for kopf's handlers
 
-    def fail(self, reason: str) -> None:
+    def fail(self, reason: str, at_once: bool = False) -> None:
         if self.fatal is None:
             logger.error("stopping: %s", reason)
             self.fatal = reason
+        self.at_once = self.at_once or at_once
         self.stop.set()
 
     def exit_code(self) -> int:
@@ -76,14 +80,23 @@ def operate(args: argparse.Namespace) -> int:
         return run.exit_code()
     worker = threading.Thread(target=_run_kopf, args=(api, args, metrics, run), daemon=True)
     worker.start()
-    while not run.stop.wait(1.0):
-        pass
-    worker.join(EXIT_TIMEOUT_S)
-    if worker.is_alive():
-        logger.error("kopf did not stop within %.0fs; exiting anyway", EXIT_TIMEOUT_S)
-    elif elector is not None and run.fatal is None:
+    stopped = wait_for_stop(run, worker)
+    if stopped and elector is not None and run.fatal is None:
         elector.release()  # reconciling has stopped: a standby may lead at once
     return run.exit_code()
+
+
+def wait_for_stop(run: Run, worker: threading.Thread) -> bool:
+    """Block until the run stops, then give kopf's thread `EXIT_TIMEOUT_S` to end (none
+    when `run.at_once`); whether it ended."""
+    while not run.stop.wait(1.0):
+        pass
+    worker.join(0 if run.at_once else EXIT_TIMEOUT_S)
+    if worker.is_alive():
+        logger.error("kopf did not stop%s; exiting anyway",
+                     "" if run.at_once else f" within {EXIT_TIMEOUT_S:.0f}s")  # fmt: skip
+        return False
+    return True
 
 
 def _refused_at_start(probe: Callable[[], None]) -> str | None:
@@ -110,12 +123,12 @@ def _lead(
     identity = f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
     elector = LeaderElector(
         api, args.lease_namespace, LEASE_NAME, identity,
-        duration_s=args.lease_duration, renew_s=args.lease_duration / 3,
+        duration_s=args.lease_duration, renew_deadline_s=args.lease_duration * 2 / 3,
     )  # fmt: skip
     if not elector.wait_until_leader(run.stop):
         return None
     metrics.leader.set(1)
-    lost = functools.partial(run.fail, "lost the leader lease")
+    lost = functools.partial(run.fail, "lost the leader lease", at_once=True)
     threading.Thread(target=elector.keep_leading, args=(run.stop, lost), daemon=True).start()
     return elector
 

@@ -52,7 +52,7 @@ class Reconciler:
     def __init__(self, api: KubeApi, now: Callable[[], str] = utc_now) -> None:
         self.api = api
         self.now = now
-        self._warned: set[tuple[str, str]] = set()  # (uid, message) already sent as Events
+        self._warned: dict[str, set[str]] = {}  # uid -> messages already sent as Events
 
     def reconcile(self, llmd: dict[str, Any]) -> Outcome:
         """Bring the children of `llmd` to what its spec renders and write its status.
@@ -181,11 +181,19 @@ class Reconciler:
         """An Event unless this message was sent before or the status already reports it
         (the timer would otherwise repeat it every interval)."""
         conditions = (llmd.get("status") or {}).get("conditions") or []
-        key = (llmd["metadata"].get("uid", ""), message)
-        if key in self._warned or any(c.get("message") == message for c in conditions):
+        warned = self._warned.setdefault(llmd["metadata"].get("uid", ""), set())
+        if message in warned or any(c.get("message") == message for c in conditions):
             return
-        self._warned.add(key)
+        warned.add(message)
         self.api.event(llmd, "Warning", reason, message)
+
+    def forget(self, uid: str) -> None:
+        """Drop what was kept for a deleted resource (the warnings it was sent)."""
+        self._warned.pop(uid, None)
+
+    @property
+    def num_warned_resources(self) -> int:
+        return len(self._warned)
 
 
 def _controlled_by(obj: dict[str, Any], uid: str | None) -> bool:

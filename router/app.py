@@ -33,7 +33,7 @@ from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 from tandem.router.monitor import Discovery, WorkerMonitor
 from tandem.router.policy import Policy
-from tandem.router.preprocess import Preprocessor, Prompt
+from tandem.router.preprocess import Preprocessor, Prompt, prompt_items
 from tandem.router.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -50,7 +50,7 @@ WORKER_KEEPALIVE_S = NODE_KEEP_ALIVE_S - 15.0
 @dataclass(frozen=True)
 class RouterOptions:
     api_keys: tuple[str, ...] = ()
-    max_inflight: int = 256  # generation requests in progress before 429
+    max_inflight: int = 256  # choices (prompts x n) in progress before 429
     health_interval_s: float = 1.0
     max_attempts: int = 3  # decode workers tried per choice
     health_timeout_s: float = 5.0
@@ -212,15 +212,18 @@ class Router:
         async def completions(req: CompletionRequest, request: Request) -> Response:
             self._check_model(req.model)
             base = _base_id(request)
+            num_choices = len(prompt_items(req)) * req.n
             return await self.runner.respond(
-                lambda: self._completion(req, base), req.stream, request
+                lambda: self._completion(req, base), req.stream, request, num_choices
             )
 
         @app.post("/v1/chat/completions")
         async def chat(req: ChatCompletionRequest, request: Request) -> Response:
             self._check_model(req.model)
             base = _base_id(request)
-            return await self.runner.respond(lambda: self._chat(req, base), req.stream, request)
+            return await self.runner.respond(
+                lambda: self._chat(req, base), req.stream, request, req.n
+            )
 
         @app.get("/v1/models")
         async def models() -> Response:

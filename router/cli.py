@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[k for k in [os.environ.get("TANDEM_API_KEY")] if k],
         help="accepted bearer key (repeatable; default: $TANDEM_API_KEY; none: no auth)",
     )
-    parser.add_argument("--max-inflight", type=int, default=256, help="requests before 429")
+    parser.add_argument(
+        "--max-inflight", type=int, default=256, help="choices in progress (prompts x n) before 429"
+    )
     parser.add_argument("--max-attempts", type=int, default=3, help="decode workers per choice")
     parser.add_argument("--health-interval", type=float, default=1.0, help="seconds")
     parser.add_argument(

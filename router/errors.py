@@ -10,7 +10,7 @@ from tandem.engine.node_server import error_body
 
 
 class APIError(Exception):
-    """An error the client caused or must wait out; never a 500."""
+    """An error the client caused or must wait out; never a 500 (but `RouterFault`)."""
 
     status = 400
     kind = "invalid_request_error"
@@ -66,4 +66,12 @@ class UpstreamFailed(APIError):
     """Workers failed the request after the router's retries."""
 
     status = 502
+    kind = "server_error"
+
+
+class RouterFault(APIError):
+    """A fault of the router's own while streaming an answer (a bug): the stream ends with
+    it as an error event, then `[DONE]`, rather than breaking off."""
+
+    status = 500
     kind = "server_error"

@@ -4,7 +4,8 @@ ending with `data: [DONE]`.
 
 A streamed request is answered with an error status (not a stream) when its first record
 cannot be had (no worker, a bad request found by the worker); a failure after that ends
-the stream with an error event. A client that goes away aborts every choice downstream.
+the stream with an error event, a fault of the router's own too (then `data: [DONE]`,
+always). A client that goes away aborts every choice downstream.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from tandem.engine import request_log, tracing
 from tandem.engine.tracing import Tracing
 from tandem.router.dispatch import Dispatcher, Job
-from tandem.router.errors import APIError, TooManyRequests
+from tandem.router.errors import APIError, InvalidRequest, RouterFault, TooManyRequests
 from tandem.router.metrics import RouterMetrics
 from tandem.router.phase_metrics import ChoiceClock
 from tandem.router.responses import ChoiceState, Format, usage
@@ -83,7 +84,8 @@ class Generation:
 
 
 class GenerationRunner:
-    """Runs generations; at most `max_inflight` at once (the rest get a 429)."""
+    """Runs generations; at most `max_inflight` choices at once (a request's prompts times
+    its `n`; a request that would pass the bound gets a 429, one that never fits a 400)."""
 
     def __init__(
         self,
@@ -96,20 +98,21 @@ class GenerationRunner:
         self.metrics = metrics
         self.max_inflight = max_inflight
         self.tracing = tracing or Tracing.off()
-        self.inflight = 0
+        self.inflight = 0  # choices
 
     async def respond(
-        self, build: Callable[[], Generation], stream: bool, http: HttpRequest
+        self,
+        build: Callable[[], Generation],
+        stream: bool,
+        http: HttpRequest,
+        num_choices: int = 1,
     ) -> Response:
         """The whole answer, or a stream. Saturation (429) is checked before `build` runs,
-        so overload is shed before any tokenizing; the generation counts as in flight until
-        the answer or the stream is over."""
-        if self.inflight >= self.max_inflight:
-            raise TooManyRequests(
-                f"{self.inflight} requests are in flight; retry later", retry_after=1
-            )
+        so overload is shed before any tokenizing; the generation's `num_choices` count as
+        in flight until the answer or the stream is over."""
+        self._admit(num_choices)
         gen = build()  # no await between the check and _enter: the count is exact
-        self._enter()
+        self._enter(num_choices)
         streaming = False
         try:
             if not stream:
@@ -120,20 +123,32 @@ class GenerationRunner:
                 await events.aclose()
                 raise first[1]
             streaming = True
-            return _Stream(self._sse(gen, first, events), events, self._exit)
+            return _Stream(self._sse(gen, first, events), events, lambda: self._exit(num_choices))
         except APIError as exc:
             self._count_failure(exc, "status")
             raise
         finally:
             if not streaming:
-                self._exit()
+                self._exit(num_choices)
 
-    def _enter(self) -> None:
-        self.inflight += 1
+    def _admit(self, num_choices: int) -> None:
+        if num_choices > self.max_inflight:
+            raise InvalidRequest(
+                f"the request asks for {num_choices} choices (prompts times n), more than "
+                f"the {self.max_inflight} this router runs at once",
+                "n",
+            )
+        if self.inflight + num_choices > self.max_inflight:
+            raise TooManyRequests(
+                f"{self.inflight} choices are in flight; retry later", retry_after=1
+            )
+
+    def _enter(self, num_choices: int) -> None:
+        self.inflight += num_choices
         self.metrics.child(self.metrics.in_flight).inc()
 
-    def _exit(self) -> None:
-        self.inflight -= 1
+    def _exit(self, num_choices: int) -> None:
+        self.inflight -= num_choices
         self.metrics.child(self.metrics.in_flight).dec()
 
     def _count_failure(self, exc: APIError, via: str) -> None:
@@ -266,6 +281,11 @@ class GenerationRunner:
         except StopAsyncIteration:
             if gen.include_usage:
                 yield _data({**gen.body([], chunk=True), "usage": gen.usage})
+        except Exception:  # a fault of ours: the client still gets an end
+            logger.exception("response %s: streaming failed", gen.response_id)
+            fault = RouterFault("the router failed while streaming this answer")
+            self._count_failure(fault, "event")
+            yield _data({"error": json.loads(fault.response().body)["error"]})
         yield "data: [DONE]\n\n"
 
 

@@ -7,6 +7,12 @@ they are cleared and the index asks for a resync (`GET /kv/snapshot`, every cach
 with the sequence number it reflects); batches that arrive meanwhile are buffered and
 replayed on top of the snapshot. Until then the worker simply looks uncached: a stale
 index can only cost cache hits, never correctness.
+
+A snapshot that still leaves a hole before the buffer is asked for again, at most
+`max_resync_attempts` times in a row (the caller spaces the attempts); after that the worker
+is forgotten and its next batch starts over. The buffer holds at most `max_buffered`
+batches: one more drops them all (counted in `num_dropped`) and keeps only the newest, so
+the snapshot being fetched either reaches it or leaves a hole and is asked for again.
 """
 
 from __future__ import annotations
@@ -24,20 +30,28 @@ class NodeBlocks:
     hashes: set[int] = field(default_factory=set)
     resyncing: bool = False
     buffered: list[KVEventBatch] = field(default_factory=list)
+    num_resync_attempts: int = 0  # snapshots asked for since the worker was last in sync
 
 
 class PrefixIndex:
     """Block hashes per worker URL. Not thread-safe: one owner (the router's event loop)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_buffered: int = 1024, max_resync_attempts: int = 5) -> None:
+        self.max_buffered = max_buffered
+        self.max_resync_attempts = max_resync_attempts
         self.nodes: dict[str, NodeBlocks] = {}
         self.num_gaps = 0
         self.num_stale = 0
+        self.num_dropped = 0  # buffered batches dropped over `max_buffered`
+        self.num_resync_given_up = 0
 
     def apply(self, url: str, batch: KVEventBatch) -> bool:
         """Apply one batch; returns True when the caller should fetch a snapshot now."""
         node = self.nodes.setdefault(url, NodeBlocks())
         if node.resyncing:
+            if len(node.buffered) >= self.max_buffered:
+                self.num_dropped += len(node.buffered)
+                node.buffered = []
             node.buffered.append(batch)
             return False
         if node.agent == batch.node and node.last_seq is not None:
@@ -51,26 +65,40 @@ class PrefixIndex:
         self.forget(url)
         node = self.nodes.setdefault(url, NodeBlocks())
         node.agent, node.resyncing, node.buffered = batch.node, True, [batch]
+        node.num_resync_attempts = 1
         return True
 
-    def load_snapshot(self, url: str, agent: str, seq: int, hashes: Sequence[int]) -> None:
+    def load_snapshot(self, url: str, agent: str, seq: int, hashes: Sequence[int]) -> bool:
         """Replace the worker's hashes by a snapshot, then replay the newer buffered batches
-        (from the same agent)."""
+        (from the same agent). Returns True when a hole remains before the buffer and the
+        caller should fetch another snapshot; after `max_resync_attempts` the worker is
+        forgotten instead (False)."""
         node = self.nodes.setdefault(url, NodeBlocks())
         buffered = [b for b in node.buffered if b.node == agent and b.seq > seq]
         node.agent, node.last_seq, node.hashes = agent, seq, set(hashes)
         node.resyncing, node.buffered = False, []
-        for batch in sorted(buffered, key=lambda b: b.seq):
+        buffered.sort(key=lambda b: b.seq)
+        for i, batch in enumerate(buffered):
             if batch.seq == node.last_seq + 1:
                 self._apply(node, batch)
-            else:  # still a hole between the snapshot and the buffer
+            else:  # still a hole between the snapshot and the buffer: keep what follows it
                 self.num_gaps += 1
-                node.resyncing, node.buffered = True, [batch]
-                return
+                node.resyncing, node.buffered = True, buffered[i:]
+                return self._ask_again(url, node)
+        node.num_resync_attempts = 0
+        return False
 
     def resync_failed(self, url: str) -> None:
         """The snapshot could not be fetched: start over at the next batch."""
         self.forget(url)
+
+    def _ask_again(self, url: str, node: NodeBlocks) -> bool:
+        if node.num_resync_attempts >= self.max_resync_attempts:
+            self.num_resync_given_up += 1
+            self.forget(url)
+            return False
+        node.num_resync_attempts += 1
+        return True
 
     def forget(self, url: str) -> None:
         self.nodes.pop(url, None)

@@ -5,6 +5,10 @@ Each round asks discovery for the addresses, checks every worker's `/health` (a 
 ejected after `EJECT_AFTER` failures in a row and back at the first success; a check fails
 when refused, answered with an error, or unanswered after `timeout_s`), and
 (re)subscribes to a worker's events when its endpoint or agent changed (a restart).
+
+A KV snapshot that still leaves a hole in the worker's events is asked for again by a later
+round, after a backoff that doubles with each attempt (`interval_s`, then twice that, and so
+on); the index bounds the attempts.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from typing import Protocol
 
 import httpx
@@ -60,9 +66,11 @@ class WorkerMonitor:
         interval_s: float = 1.0,
         metrics: RouterMetrics | None = None,
         timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`metrics`, when given, counts the restarts seen (`worker_restarts`);
-        `timeout_s` bounds each health check, whatever the interval."""
+        `timeout_s` bounds each health check, whatever the interval; `clock` times the
+        snapshot retries."""
         self.pool = pool
         self.index = index
         self.discovery = discovery
@@ -73,7 +81,9 @@ class WorkerMonitor:
         self.context = zmq.asyncio.Context()
         self.subscriptions: dict[str, Subscription] = {}
         self.first_round = asyncio.Event()
+        self.clock = clock
         self._resyncs: set[asyncio.Task] = set()  # strong references until done
+        self.resync_due: dict[str, float] = {}  # url -> when to ask for a snapshot again
 
     async def run(self) -> None:
         while True:
@@ -90,6 +100,14 @@ class WorkerMonitor:
             self._unsubscribe(url)
         urls = list(self.pool.workers)
         await asyncio.gather(*(self._check(url) for url in urls))
+        self._retry_due_resyncs()
+
+    def _retry_due_resyncs(self) -> None:
+        now = self.clock()
+        for url, due in list(self.resync_due.items()):
+            if due <= now:
+                del self.resync_due[url]
+                self._start_resync(url)
 
     async def _check(self, url: str) -> None:
         try:
@@ -124,6 +142,7 @@ class WorkerMonitor:
         if sub is not None:
             sub.close()
         self.index.forget(url)
+        self.resync_due.pop(url, None)
 
     async def read_events(self, url: str, socket: zmq.asyncio.Socket) -> None:
         while True:
@@ -137,19 +156,28 @@ class WorkerMonitor:
             if worker is not None:
                 worker.load = batch.load
             if self.index.apply(url, batch):
-                task = asyncio.create_task(self._resync(url))
-                self._resyncs.add(task)
-                task.add_done_callback(self._resyncs.discard)
+                self.resync_due.pop(url, None)
+                self._start_resync(url)
+
+    def _start_resync(self, url: str) -> None:
+        task = asyncio.create_task(self._resync(url))
+        self._resyncs.add(task)
+        task.add_done_callback(self._resyncs.discard)
 
     async def _resync(self, url: str) -> None:
         try:
             r = await self.http.get(f"{url}/kv/snapshot", timeout=5)
             r.raise_for_status()
             snap = r.json()
-            self.index.load_snapshot(url, snap["node"], snap["seq"], snap["hashes"])
+            again = self.index.load_snapshot(url, snap["node"], snap["seq"], snap["hashes"])
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             logger.warning("KV snapshot from %s failed: %s", url, exc)
             self.index.resync_failed(url)
+            return
+        if again:
+            node = self.index.nodes[url]
+            backoff = self.interval_s * 2 ** (node.num_resync_attempts - 2)
+            self.resync_due[url] = self.clock() + backoff
 
     def close(self) -> None:
         for url in list(self.subscriptions):

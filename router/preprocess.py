@@ -57,6 +57,10 @@ class Prompt:
         return hashes
 
 
+# Prompts in one completion request (each runs `n` choices, all counted in flight).
+MAX_PROMPTS = 64
+
+
 @dataclass(frozen=True)
 class ModelLimits:
     name: str
@@ -84,15 +88,7 @@ class Preprocessor:
     # -- prompts --------------------------------------------------------------------------
 
     def completion_prompts(self, req: CompletionRequest) -> list[Prompt]:
-        raw = req.prompt
-        if isinstance(raw, str):
-            items: Sequence[str | list[int]] = [raw]
-        elif raw and all(isinstance(t, int) for t in raw):
-            items = [raw]  # one prompt as token ids
-        else:
-            items = raw
-        if not items:
-            raise InvalidRequest("prompt must not be empty", "prompt")
+        items = prompt_items(req)
         prompts = []
         for item in items:
             if isinstance(item, str):
@@ -280,3 +276,23 @@ def _arguments(text: str, index: int) -> Any:
         raise InvalidRequest(
             f"tool call arguments must be JSON: {exc}", f"messages.{index}.tool_calls"
         ) from exc
+
+
+def prompt_items(req: CompletionRequest) -> Sequence[str | list[int]]:
+    """The completion request's prompts, one item each (text or token ids), from the shape
+    of `prompt` alone. `InvalidRequest`: none, or more than `MAX_PROMPTS`."""
+    raw = req.prompt
+    if isinstance(raw, str):
+        items: Sequence[str | list[int]] = [raw]
+    elif raw and all(isinstance(t, int) for t in raw):
+        items = [raw]  # one prompt as token ids
+    else:
+        items = raw
+    if not items:
+        raise InvalidRequest("prompt must not be empty", "prompt")
+    if len(items) > MAX_PROMPTS:
+        raise InvalidRequest(
+            f"prompt is a list of {len(items)} prompts; at most {MAX_PROMPTS} are allowed",
+            "prompt",
+        )
+    return items

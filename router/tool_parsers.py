@@ -11,13 +11,15 @@ grammars that make a model write one (`tool_choice` "required" or a named functi
 `parse(text, final)` is a pure function of the text so far, and what it returns only grows
 as the text does (content up to the first call, a call once its name is complete, its
 arguments as the raw text written so far), so a stream can send differences
-(`tandem.router.tool_stream`) and end exactly where the whole text's parse does.
+(`tandem.router.tool_stream`) and end exactly where the whole text's parse does. A stream
+parses with `parse_scan` over one `TextScan` that keeps what earlier pieces taught it, so
+each piece costs the characters it adds, not the whole text again. Malformed output never
+raises: `tandem.router.tool_call` says what becomes of it.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import string
 from dataclasses import dataclass, field
@@ -25,15 +27,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from tandem.router.json_scan import skip_whitespace, value_end
-
-_NAME_FIRST = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
-
-
-@dataclass(frozen=True)
-class ParsedCall:
-    name: str
-    arguments: str  # the arguments' JSON text as written (a prefix while it is written)
+from tandem.router.json_scan import TextScan
+from tandem.router.tool_call import ParsedCall, parse_call
 
 
 @dataclass(frozen=True)
@@ -54,6 +49,11 @@ class ToolParser:
         self.tokenizer = tokenizer
 
     def parse(self, text: str, final: bool) -> ParsedOutput:
+        """The reply's content and calls, from its whole text so far. Never raises."""
+        return self.parse_scan(TextScan(text), final)
+
+    def parse_scan(self, scan: TextScan, final: bool) -> ParsedOutput:
+        """`parse` of `scan.text`, reusing what `scan` learnt from shorter texts."""
         raise NotImplementedError
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
@@ -94,18 +94,19 @@ class HermesParser(ToolParser):
     name = "hermes"
     start, end = "<tool_call>", "</tool_call>"
 
-    def parse(self, text: str, final: bool) -> ParsedOutput:
-        first = text.find(self.start)
+    def parse_scan(self, scan: TextScan, final: bool) -> ParsedOutput:
+        text = scan.text
+        first = scan.find(self.start, 0)
         if first < 0:
             return ParsedOutput(_without_partial(text, self.start, final))
         calls, pos = [], first
-        while (at := text.find(self.start, pos)) >= 0:
-            obj = skip_whitespace(text, at + len(self.start))
+        while (at := scan.find(self.start, pos)) >= 0:
+            obj = scan.skip_whitespace(at + len(self.start))
             if obj >= len(text) or text[obj] != "{":
                 pos = obj
                 continue
-            end = value_end(text, obj)
-            call = parse_call(text[obj : end or len(text)], end is not None, self.arguments_key)
+            end = scan.value_end(obj)
+            call = parse_call(scan, obj, end, self.arguments_key)
             if call is not None:
                 calls.append(call)
             if end is None:
@@ -128,19 +129,19 @@ class Llama3JsonParser(ToolParser):
     arguments_key = "parameters"
     tag = "<|python_tag|>"
 
-    def parse(self, text: str, final: bool) -> ParsedOutput:
-        pos = skip_whitespace(text, 0)
-        rest = text[pos:]
-        if rest.startswith(self.tag):
-            pos = skip_whitespace(text, pos + len(self.tag))
-        elif not final and self.tag.startswith(rest):
+    def parse_scan(self, scan: TextScan, final: bool) -> ParsedOutput:
+        text = scan.text
+        pos = scan.skip_whitespace(0)
+        if text.startswith(self.tag, pos):
+            pos = scan.skip_whitespace(pos + len(self.tag))
+        elif not final and len(text) - pos < len(self.tag) and self.tag.startswith(text[pos:]):
             return ParsedOutput("")  # not yet known whether this is a call
-        elif not rest.startswith("{"):
+        elif not text.startswith("{", pos):
             return ParsedOutput(text)
         calls = []
         while pos < len(text) and text[pos] == "{":
-            end = value_end(text, pos)
-            call = parse_call(text[pos : end or len(text)], end is not None, self.arguments_key)
+            end = scan.value_end(pos)
+            call = parse_call(scan, pos, end, self.arguments_key)
             if call is None:
                 if not calls and (end is not None or final):
                     return ParsedOutput(text)  # a JSON reply that is not a call
@@ -148,9 +149,9 @@ class Llama3JsonParser(ToolParser):
             calls.append(call)
             if end is None:
                 break
-            pos = skip_whitespace(text, end)
+            pos = scan.skip_whitespace(end)
             if text.startswith(";", pos):
-                pos = skip_whitespace(text, pos + 1)
+                pos = scan.skip_whitespace(pos + 1)
         return ParsedOutput("", calls)
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
@@ -168,24 +169,25 @@ class MistralParser(ToolParser):
         # [TOOL_CALLS] is a control token in Mistral's vocabularies: decoding must keep it
         self.keeps_special_tokens = self.marker in tokenizer.all_special_tokens
 
-    def parse(self, text: str, final: bool) -> ParsedOutput:
-        first = text.find(self.marker)
+    def parse_scan(self, scan: TextScan, final: bool) -> ParsedOutput:
+        text = scan.text
+        first = scan.find(self.marker, 0)
         if first < 0:
             return ParsedOutput(_without_partial(text, self.marker, final))
         calls = []
-        pos = skip_whitespace(text, first + len(self.marker))
+        pos = scan.skip_whitespace(first + len(self.marker))
         if text.startswith("[", pos):
-            pos = skip_whitespace(text, pos + 1)
+            pos = scan.skip_whitespace(pos + 1)
             while pos < len(text) and text[pos] == "{":
-                end = value_end(text, pos)
-                call = parse_call(text[pos : end or len(text)], end is not None, "arguments")
+                end = scan.value_end(pos)
+                call = parse_call(scan, pos, end, self.arguments_key)
                 if call is not None:
                     calls.append(call)
                 if end is None:
                     break
-                pos = skip_whitespace(text, end)
+                pos = scan.skip_whitespace(end)
                 if text.startswith(",", pos):
-                    pos = skip_whitespace(text, pos + 1)
+                    pos = scan.skip_whitespace(pos + 1)
         return ParsedOutput(text[:first], calls)
 
     def grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
@@ -220,35 +222,6 @@ def detect_parser(chat_template: str | None) -> str | None:
     if "<|python_tag|>" in template or ("ipython" in template and "parameters" in template):
         return Llama3JsonParser.name
     return None
-
-
-def parse_call(obj: str, complete: bool, arguments_key: str) -> ParsedCall | None:
-    """A call object, whole or still being written: None until its name is known (at once
-    when `"name"` is its first key, else once the object is complete and parses). The
-    arguments are the raw text of its `arguments_key` value, as far as written."""
-    match = _NAME_FIRST.match(obj)
-    if match is not None:
-        name = json.loads(f'"{match.group(1)}"')
-        return ParsedCall(name, _raw_value(obj, match.end(), arguments_key, complete))
-    if not complete:
-        return None
-    try:
-        loaded = json.loads(obj)
-    except ValueError:
-        return None
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("name"), str):
-        return None
-    arguments = json.dumps(loaded.get(arguments_key, {}), ensure_ascii=False)
-    return ParsedCall(loaded["name"], arguments)
-
-
-def _raw_value(obj: str, pos: int, key: str, complete: bool) -> str:
-    match = re.compile(rf'"{re.escape(key)}"\s*:\s*').search(obj, pos)
-    if match is None:
-        return "{}" if complete else ""
-    start = match.end()
-    end = value_end(obj, start, final=complete)
-    return obj[start:end] if end is not None else obj[start:]
 
 
 def _without_partial(text: str, marker: str, final: bool) -> str:

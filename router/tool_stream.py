@@ -1,8 +1,9 @@
 """What one chat choice with tools has shown its client so far, and what to show next.
 
-Each time its text grows, the whole text is parsed again (`ToolParser.parse`, a pure
-function whose results only grow) and the difference is sent: content, then for each call
-a first delta with its id, type and name, then fragments of its arguments. Content that
+Each time its text grows, the text is parsed again (`ToolParser.parse_scan`, whose results
+only grow, over one `TextScan` that remembers what earlier pieces taught it, so a piece
+costs the characters it adds) and the difference is sent: content, then for each call a
+first delta with its id, type and name, then fragments of its arguments. Content that
 ends in blanks holds them back until something follows (a reply that turns out to be only
 calls after blank lines has no content, as its non-streamed form says).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.router.json_scan import TextScan
 from tandem.router.tool_parsers import ParsedOutput, ToolParser
 
 
@@ -23,10 +25,13 @@ class ToolCallStream:
     content_sent: int = 0
     call_ids: list[str] = field(default_factory=list)
     arguments_sent: list[int] = field(default_factory=list)
+    scan: TextScan = field(default_factory=TextScan)
 
     def update(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
-        """(content delta, tool-call delta entries) for the choice's whole text so far."""
-        parsed = self.parser.parse(text, final)
+        """(content delta, tool-call delta entries) for the choice's whole text so far
+        (which starts with the text of the previous call)."""
+        self.scan.extend(text)
+        parsed = self.parser.parse_scan(self.scan, final)
         content = visible_content(parsed, final)
         delta = content[self.content_sent :]
         self.content_sent = max(self.content_sent, len(content))

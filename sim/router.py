@@ -110,7 +110,12 @@ class SimRouter:
         if snapshot is None:
             self._send(self.index.resync_failed, url)
             return
-        self._send(self.index.load_snapshot, url, *snapshot)
+        self._send(self._load_snapshot, url, *snapshot)
+
+    def _load_snapshot(self, url: str, agent: str, seq: int, hashes: list[int]) -> None:
+        if self.index.load_snapshot(url, agent, seq, hashes):  # a hole remains: ask again
+            self.num_resyncs += 1
+            self._send(self._resync, url)
 
     def check_health(self, url: str, agent: str | None) -> None:
         """One `GET /health` (`WorkerMonitor._check`): `agent` None when it fails. A new

@@ -215,3 +215,35 @@ def test_chat_renders_tools_and_a_named_call_grammar_holds(llm):
     call = json.loads(text[len("<tool_call>\n") : -len("\n</tool_call>")])
     assert call["name"] == "get_weather"
     jsonschema.validate(call["arguments"], SCHEMA)
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model_has_logits(tokenizer):
+    """A tokenizer may count an added token the model has no logit for: llguidance takes
+    the tokenizer's size, and the masks are cut to the logits."""
+    vocab = len(tokenizer) - 1  # the model's logits: one fewer
+    compiler = GrammarCompiler(tokenizer, vocab, [2])
+    compiler.prepare()
+    assert compiler.unavailable is None
+    grammar = compiler.matcher(Spec(regex=r"[0-9]"))
+    assert grammar.vocab_size == len(tokenizer)
+    shaped = Request("g", [1], SamplingParams())
+    shaped.grammar = grammar
+    logits = torch.randn(1, vocab)  # [S, V]
+    GrammarMask(vocab, torch.float32, torch.device("cpu")).apply(logits, [shaped])
+    allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert allowed and all(re.fullmatch(r"[0-9]+", tokenizer.decode([t])) for t in allowed)
+
+
+class RefusedTokenizer:
+    """A tokenizer llguidance cannot take (not a fast one)."""
+
+    def __len__(self) -> int:
+        return 10
+
+
+def test_a_tokenizer_llguidance_refuses_leaves_plain_requests_and_a_clear_error():
+    compiler = GrammarCompiler(RefusedTokenizer(), 10, [2])
+    compiler.prepare()  # does not raise: the node starts
+    assert "not available for this model" in compiler.unavailable
+    with pytest.raises(InvalidGrammar, match="not available for this model"):
+        compiler.validate(Spec(regex="a"))

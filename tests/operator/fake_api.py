@@ -40,7 +40,9 @@ class FakeApi:
         llmd["status"] = copy.deepcopy(status)  # what the next watch event would carry
         return llmd
 
-    def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+    def get(
+        self, kind: Kind, namespace: str, name: str, timeout_s: float | None = None
+    ) -> dict[str, Any] | None:
         obj = self.objects.get((kind.kind, namespace, name))
         return copy.deepcopy(obj) if obj is not None else None
 
@@ -67,13 +69,17 @@ class FakeApi:
     def warnings(self) -> list[tuple[str, str, str]]:
         return [e for e in self.events if e[0] == "Warning"]
 
-    def create(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    def create(
+        self, kind: Kind, namespace: str, body: dict[str, Any], timeout_s: float | None = None
+    ) -> dict[str, Any]:
         key = (kind.kind, namespace, body["metadata"]["name"])
         if key in self.objects:
             raise ApiError(409, "already exists")
         return self._store(key, body)
 
-    def replace(self, kind: Kind, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+    def replace(
+        self, kind: Kind, namespace: str, body: dict[str, Any], timeout_s: float | None = None
+    ) -> dict[str, Any]:
         key = (kind.kind, namespace, body["metadata"]["name"])
         current = self.objects.get(key)
         if current is None:

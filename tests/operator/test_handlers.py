@@ -10,11 +10,12 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from tandem.operator.handlers import build_registry
+from tandem.operator.handlers import ResourceLocks, build_registry
 from tandem.operator.kube import ApiError
 from tandem.operator.metrics import OperatorMetrics
-from tandem.operator.reconcile import Outcome
+from tandem.operator.reconcile import Outcome, Reconciler
 from tests.operator.crd_schema import example
+from tests.operator.fake_api import FakeApi
 
 
 class RecordingReconciler:
@@ -27,6 +28,9 @@ class RecordingReconciler:
         if self.error is not None:
             raise self.error
         return Outcome(applied=["Deployment/a", "Service/a"], spec_error=self.spec_error)
+
+    def forget(self, uid: str) -> None:
+        pass
 
 
 def wiring(reconciler):
@@ -46,6 +50,8 @@ def test_create_update_resume_and_a_timer_on_llmdeployments():
     assert len({h.id for h in changing}) == 3
     (timer,) = registry._spawning.get_all_handlers()
     assert (timer.interval, timer.idle) == (30, 15)
+    (watch,) = registry._watching.get_all_handlers()  # deletions: no finalizer
+    assert watch.id == "forget-on-delete"
     for handler in [*changing, timer]:
         selector = handler.selector
         assert (selector.group, selector.version, selector.any_name) == (
@@ -124,3 +130,18 @@ def test_kopf_logs_in_with_the_operators_own_client_configuration(tmp_path, monk
     assert isinstance(info, kopf.ConnectionInfo)
     assert (info.server, info.scheme, info.token) == ("https://127.0.0.1:6443", "Bearer", "s3cret")
     assert info.ca_path == str(ca) and info.insecure is False
+
+
+def test_a_deleted_resource_leaves_no_lock_and_no_warning_behind():
+    reconciler, locks = Reconciler(FakeApi()), ResourceLocks()
+    registry = build_registry(reconciler, OperatorMetrics(CollectorRegistry()), 30, locks)
+    create = next(h for h in registry._changing.get_all_handlers() if str(h.reason) == "create")
+    (watch,) = registry._watching.get_all_handlers()
+    for i in range(50):
+        llmd = example("minimal")
+        llmd["metadata"]["uid"] = f"uid-{i}"
+        llmd["spec"]["decode"] = {"replicas": -1}  # invalid: one warning Event each
+        create.fn(body=kopf.Body(llmd), reason=kopf.Reason.CREATE)
+        assert len(locks) == 1 and reconciler.num_warned_resources == 1
+        watch.fn(type="DELETED", body=kopf.Body(llmd))
+        assert len(locks) == 0 and reconciler.num_warned_resources == 0

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from tandem.operator.kinds import LEASE
-from tandem.operator.leader import LeaderElector, LeaseState, may_take
+from tandem.operator.kube import ApiError
+from tandem.operator.leader import LeaderElector, LeaseState, lease_state, may_take
 from tests.operator.fake_api import FakeApi
 
 
@@ -18,8 +21,31 @@ class Clock:
 
 
 def electors(api, clock, *names):
-    return [LeaderElector(api, "ops", "tandem-operator", n, duration_s=15, renew_s=0.01,
+    return [LeaderElector(api, "ops", "tandem-operator", n, duration_s=15, retry_s=0.01,
                           clock=clock) for n in names]  # fmt: skip
+
+
+class HangingApi(FakeApi):
+    """Once `hanging`, every lease call takes its whole timeout on `clock` (30 s unless
+    told less, as a real call may) and then fails."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock, self.hanging, self.timeouts = clock, False, []
+
+    def _hang(self, timeout_s: float | None) -> None:
+        if self.hanging:
+            self.timeouts.append(timeout_s)
+            self.clock.now += 30.0 if timeout_s is None else timeout_s
+            raise ApiError(503, "ReadTimeoutError")
+
+    def get(self, kind, namespace, name, timeout_s=None):
+        self._hang(timeout_s)
+        return super().get(kind, namespace, name)
+
+    def replace(self, kind, namespace, body, timeout_s=None):
+        self._hang(timeout_s)
+        return super().replace(kind, namespace, body)
 
 
 def test_may_take():
@@ -51,7 +77,7 @@ def test_a_stale_write_loses_the_race():
     assert a.try_acquire()
     original_get = api.get
 
-    def get_then_someone_writes(kind, ns, name):
+    def get_then_someone_writes(kind, ns, name, timeout_s=None):
         seen = original_get(kind, ns, name)
         api.replace(LEASE, ns, original_get(kind, ns, name))  # another writer, first
         return seen
@@ -100,3 +126,92 @@ def test_a_released_lease_is_taken_at_once_and_only_the_holder_releases():
     assert b.try_acquire()  # no wait for the 15 s expiry
     a.release()  # b holds it now
     assert api.get(LEASE, "ops", "tandem-operator")["spec"]["holderIdentity"] == "b"
+
+
+def test_the_renew_deadline_is_shorter_than_the_lease():
+    with pytest.raises(ValueError, match="less than the lease duration"):
+        LeaderElector(FakeApi(), "ops", "l", "a", duration_s=15, renew_deadline_s=15)
+    elector = LeaderElector(FakeApi(), "ops", "l", "a")
+    assert (elector.duration_s, elector.renew_deadline_s, elector.retry_s) == (15, 10, 2)
+
+
+def test_a_leader_whose_renewals_hang_steps_down_before_others_may_take_over():
+    clock = Clock()
+    api = HangingApi(clock)
+    (a,) = electors(api, clock, "a")
+    stop = threading.Event()
+    assert a.wait_until_leader(stop)
+    lease = lease_state(api.get(LEASE, "ops", "tandem-operator"))
+    api.hanging = True
+    stepped_down_at = []
+    a.keep_leading(stop, lambda: stepped_down_at.append(clock.now))
+    assert stepped_down_at, "the leader never stepped down"
+    assert not may_take(lease, "b", stepped_down_at[0])  # b still waits: no overlap
+    assert all(t is not None and t <= a.renew_deadline_s for t in api.timeouts)
+
+
+def test_a_lost_lease_exits_without_waiting_for_a_running_reconcile():
+    from tandem.operator.lifecycle import EXIT_TIMEOUT_S, Run, wait_for_stop
+
+    class HungKopf:  # kopf's thread, with a reconcile that does not end
+        def __init__(self) -> None:
+            self.waited: list[float] = []
+
+        def join(self, timeout: float) -> None:
+            self.waited.append(timeout)
+
+        def is_alive(self) -> bool:
+            return True
+
+    lost, stopped = Run(), Run()
+    lost.fail("lost the leader lease", at_once=True)
+    stopped.stop.set()  # SIGTERM
+    for run, grace in ((lost, 0), (stopped, EXIT_TIMEOUT_S)):
+        kopf = HungKopf()
+        assert wait_for_stop(run, kopf) is False
+        assert kopf.waited == [grace]
+    assert lost.exit_code() == 1 and stopped.exit_code() == 0
+
+
+class FakeStop(threading.Event):
+    """`stop` whose waits pass on the fake clock, not in real time."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def wait(self, timeout=None) -> bool:
+        if not self.is_set():
+            self.clock.now += timeout
+        return self.is_set()
+
+
+def test_a_leader_steps_down_at_its_deadline_while_a_renewal_call_hangs_on():
+    """A call that ignores its timeout (an HTTP client's retries, a DNS lookup) does not
+    hold the step-down back: a watchdog apart from the renewing thread acts."""
+    clock = Clock()
+    api = HangingApi(clock)
+    (a,) = electors(api, clock, "a")
+    a.retry_s = 2.0
+    assert a.wait_until_leader(threading.Event())
+    lease = lease_state(api.get(LEASE, "ops", "tandem-operator"))
+    release = threading.Event()
+
+    def hang_forever(timeout_s) -> None:
+        release.wait()  # until the test ends
+        raise ApiError(503, "released")
+
+    api._hang = hang_forever
+    stop, lost = FakeStop(clock), threading.Event()
+    stepped_down_at = []
+    leader = threading.Thread(
+        target=a.keep_leading, args=(stop, lambda: (stepped_down_at.append(clock.now), lost.set()))
+    )
+    leader.start()
+    try:
+        assert lost.wait(60), "the leader never stepped down"  # a guard against a hang
+        assert not may_take(lease, "b", stepped_down_at[0])
+    finally:
+        stop.set()
+        release.set()
+        leader.join()

@@ -79,3 +79,37 @@ def test_failed_resync_forgets_the_node():
     index.resync_failed(URL)
     assert URL not in index.nodes
     assert index.apply(URL, batch(10))  # the next batch asks again
+
+
+def test_a_snapshot_that_leaves_a_hole_asks_again_until_one_fits():
+    index = synced([1])
+    assert index.apply(URL, batch(5, stored=[2]))  # gap
+    assert not index.apply(URL, batch(6, stored=[3]))
+    assert index.load_snapshot(URL, "agent-a", 3, [1])  # hole at 4: ask again
+    assert not index.apply(URL, batch(7, stored=[4]))  # still buffered
+    assert not index.load_snapshot(URL, "agent-a", 4, [1])  # in sync: done
+    assert not index.nodes[URL].resyncing
+    assert index.overlap(URL, [1, 2, 3, 4]) == 4
+    assert index.nodes[URL].last_seq == 7
+
+
+def test_resync_attempts_are_bounded_then_the_node_is_forgotten():
+    index = PrefixIndex(max_resync_attempts=3)
+    assert index.apply(URL, batch(5))
+    assert index.load_snapshot(URL, "agent-a", 3, [])
+    assert index.load_snapshot(URL, "agent-a", 3, [])
+    assert not index.load_snapshot(URL, "agent-a", 3, [])  # third attempt: give up
+    assert URL not in index.nodes and index.num_resync_given_up == 1
+    assert index.apply(URL, batch(6))  # the next batch starts over
+
+
+def test_the_resync_buffer_is_bounded_and_keeps_the_newest():
+    index = PrefixIndex(max_buffered=4)
+    assert index.apply(URL, batch(1))
+    for seq in range(2, 12):
+        assert not index.apply(URL, batch(seq, stored=[seq]))
+        assert len(index.nodes[URL].buffered) <= 4
+    assert index.num_dropped == 8
+    # a snapshot that reaches the kept batches replays them
+    assert not index.load_snapshot(URL, "agent-a", 9, [9])
+    assert index.overlap(URL, [9, 10, 11]) == 3

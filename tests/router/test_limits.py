@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from tandem.router.preprocess import MAX_PROMPTS
 from tests.bounds import HANG_S
 from tests.disagg.nodes import free_port, metric_value, wait_until
 from tests.router.conftest import SERVE_FLAGS, RouterProc
@@ -119,6 +120,18 @@ def test_saturation_is_429_with_retry_after(guarded, serve, long):
             == 200
         )
     )
+
+
+def test_more_choices_than_max_inflight_or_prompts_than_allowed_is_a_400(guarded, serve):
+    headers = {"Authorization": "Bearer sesame"}
+    url = f"{guarded.url}/v1/completions"
+    r = httpx.post(url, json={"prompt": "x", "n": 2}, headers=headers, timeout=HANG_S)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    r = httpx.post(url, json={"prompt": ["x", "y"]}, headers=headers, timeout=HANG_S)
+    assert r.status_code == 400, r.text  # two prompts are two choices
+    body = {"prompt": ["x"] * (MAX_PROMPTS + 1), "max_tokens": 1}
+    r = httpx.post(f"{serve.url}/v1/completions", json=body, timeout=HANG_S)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
 
 
 def test_no_worker_is_503_with_retry_after(llama_dir, router_logs):

@@ -347,3 +347,27 @@ def test_bad_input_is_a_400_naming_the_field_before_anything_is_scheduled(
     assert info.value.status_code == 400 and error["param"] == param, error
     assert error["type"] == "invalid_request_error"
     assert metric_value(serve.metrics(), "tandem_router_worker_selections_total") == before
+
+
+def test_structured_outputs_a_model_cannot_have_are_a_400_and_plain_requests_pass(tokenizer):
+    """A tokenizer llguidance refuses does not stop the router: a request asking for a
+    grammar gets a 400 saying why; one asking for none is untouched."""
+    from tandem.engine.grammar import GrammarCompiler
+    from tandem.router.errors import InvalidRequest
+    from tandem.router.protocol import ChatCompletionRequest
+    from tandem.router.structured import StructuredOutputs
+
+    class RefusedTokenizer:  # not a fast tokenizer: llguidance cannot take it
+        def __len__(self) -> int:
+            return 10
+
+    structured = StructuredOutputs(tokenizer, len(tokenizer), [2])
+    structured.grammars = GrammarCompiler(RefusedTokenizer(), 10, [2])
+    structured.grammars.prepare()
+    messages = [{"role": "user", "content": "hi"}]
+    assert structured.spec(ChatCompletionRequest(messages=messages)) is None
+    asking = ChatCompletionRequest(messages=messages, response_format={"type": "json_object"})
+    with pytest.raises(InvalidRequest, match="not available for this model") as caught:
+        structured.spec(asking)
+    body = json.loads(caught.value.response().body)
+    assert caught.value.status == 400 and body["error"]["param"] == "response_format"

@@ -131,3 +131,102 @@ def test_the_parser_is_found_from_the_chat_template():
     assert detect_parser("{{ '[TOOL_CALLS]' }}") == "mistral"
     assert detect_parser("<|python_tag|>") == "llama3_json"
     assert detect_parser("{{ messages }}") is None and detect_parser(None) is None
+
+
+class CountingStr(str):
+    """A text that counts the characters Python code reads from it one at a time."""
+
+    reads = 0
+
+    def __getitem__(self, key):
+        if isinstance(key, int):
+            CountingStr.reads += 1
+        return super().__getitem__(key)
+
+
+BAD_NAMES = ['"a\nb"', '"a\\qb"', '"\\ud800"']  # a raw newline, a bad escape, a lone surrogate
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_a_malformed_call_name_never_raises_and_follows_the_rule(tokenizer, name):
+    """A call whose name is not a JSON string is not a call: between hermes or mistral
+    markers it is dropped; a llama3 reply that is no call is content."""
+    hermes = 'Hi.<tool_call>\n{"name": ' + name + ', "arguments": {}}\n</tool_call>'
+    llama = '{"name": ' + name + ', "parameters": {}}'
+    mistral = 'Hi.[TOOL_CALLS][{"name": ' + name + ', "arguments": {}}]'
+    for parser_class, text, content in [
+        (HermesParser, hermes, "Hi."),
+        (Llama3JsonParser, llama, llama),
+        (MistralParser, mistral, "Hi."),
+    ]:
+        parser = parser_class(tokenizer)
+        whole = parser.parse(text, final=True)
+        assert (whole.content, whole.calls) == (content, [])
+        got_content, got_calls, _ = streamed(parser, text, list(range(len(text))))
+        assert (got_content, got_calls) == (content, [])
+
+
+JSONISH = st.text(alphabet='{}[]":,\\ \nabq0-', max_size=40)
+
+
+@pytest.mark.parametrize(("parser_class", "render"), FORMATS)
+@settings(max_examples=200, deadline=None)
+@given(
+    pieces=st.lists(
+        st.one_of(
+            JSONISH,
+            st.sampled_from(
+                [
+                    "<tool_call>",
+                    "</tool_call>",
+                    "[TOOL_CALLS]",
+                    "<|python_tag|>",
+                    '{"name": "',
+                    '"arguments": ',
+                    '"parameters": ',
+                    "true",
+                    "nul",
+                ]
+            ),
+        ),
+        max_size=8,
+    ),
+    cuts=st.lists(st.integers(0, 400), max_size=8),
+)
+def test_any_text_parses_without_raising_and_streams_alike(tokenizer, parser_class, render,
+                                                         pieces, cuts):  # fmt: skip
+    parser = parser_class(tokenizer)
+    text = "".join(pieces)
+    whole = parser.parse(text, final=True)
+    got_content, got_calls, _ = streamed(parser, text, cuts)
+    assert got_content == visible_content(whole, final=True)
+    assert got_calls == [(c.name, c.arguments) for c in whole.calls]
+
+
+@pytest.mark.parametrize(("parser_class", "render"), FORMATS)
+def test_streaming_a_long_call_reads_each_character_a_bounded_number_of_times(
+    tokenizer, parser_class, render
+):
+    """Work per piece is the piece's characters, not the text so far: a 20k-character call
+    streamed 4 characters at a time reads each character a few times in all (a parse of
+    the whole text per piece reads about 50 million)."""
+    text = render("Hi.", [("write_file", {"text": "lorem ipsum " * 1700})])
+    stream = ToolCallStream(parser_class(tokenizer))
+    CountingStr.reads = 0
+    for end in [*range(4, len(text), 4), len(text)]:
+        stream.update(CountingStr(text[:end]), final=end == len(text))
+    num_pieces = len(range(4, len(text), 4)) + 1
+    # each character a few times, and a few reads per piece (a call's first bracket, say)
+    assert CountingStr.reads < 2 * len(text) + 20 * num_pieces
+    assert stream.scan.num_scanned < 2 * len(text) + 20 * num_pieces
+    (call,) = parser_class(tokenizer).parse(text, final=True).calls
+    assert stream.arguments_sent == [len(call.arguments)]
+
+
+def test_a_whole_call_with_an_escaped_lone_surrogate_keeps_it_escaped(tokenizer):
+    """Arguments re-written from a parsed object must still encode as UTF-8 (the answer's
+    body), so a lone surrogate stays an escape."""
+    text = '{"parameters": {"x": "\\ud800é"}, "name": "f"}'
+    (call,) = Llama3JsonParser(tokenizer).parse(text, final=True).calls
+    call.arguments.encode("utf-8")
+    assert json.loads(call.arguments) == {"x": "\ud800é"}
