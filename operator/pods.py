@@ -149,8 +149,9 @@ def _resources(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
 
 
 def _probes(role: str) -> dict[str, Any]:
-    """Ready when /health says so (a node once its model is loaded, the router once it sees a
-    decode worker); alive while the HTTP port answers, so a loading model is never killed."""
+    """Ready when /health says so (a node once its model is loaded, the router once it has
+    seen a healthy decode worker, and from then on); alive while the HTTP port answers, so
+    a loading model is never killed."""
 
     def http() -> dict[str, Any]:
         return {"httpGet": {"path": "/health", "port": "http"}}

@@ -258,7 +258,7 @@ class Router:
             healthy = [w for w in self.pool.workers.values() if w.healthy]
             ok = any(w.address.role == "decode" for w in healthy)
             body = {"status": "ok" if ok else "no decode worker", "workers": len(healthy)}
-            return JSONResponse(body, status_code=200 if ok else 503)
+            return JSONResponse(body, status_code=200 if ok or self.pool.served else 503)
 
         @app.get("/workers")
         async def workers() -> Response:

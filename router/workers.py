@@ -110,6 +110,9 @@ class WorkerPool:
 
     def __init__(self) -> None:
         self.workers: dict[str, WorkerState] = {}
+        # a decode worker was healthy once: the router is ready from then on (an outage
+        # then answers 503 with Retry-After, not a refused connection)
+        self.served = False
 
     def update(self, addresses: list[WorkerAddress]) -> tuple[list[str], list[str]]:
         """Set the known workers to `addresses`; returns the URLs (added, removed)."""
@@ -135,6 +138,7 @@ class WorkerPool:
         if not worker.healthy:
             logger.info("worker %s is healthy", url)
         worker.healthy, worker.failures, worker.info = True, 0, info
+        self.served = self.served or worker.address.role == "decode"
         return restarted
 
     def health_failed(self, url: str, eject: bool = False) -> None:

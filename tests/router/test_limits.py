@@ -150,6 +150,29 @@ def test_no_worker_is_503_with_retry_after(llama_dir, router_logs):
         proc.stop()
 
 
+def test_the_router_stays_ready_through_a_decode_outage(serve, llama_dir, router_logs):
+    """Readiness gates the start only: once a decode worker was healthy, /health stays 200
+    while none is (its status says so), so the router keeps its place in its Service and
+    clients are answered (503 with Retry-After) rather than refused a connection."""
+    (decode,) = serve.workers("decode")
+    proc = RouterProc(llama_dir, router_logs, [], [decode["url"]], "--health-timeout", "1")
+    node = Child(serve, decode["url"])
+    health = lambda: httpx.get(f"{proc.url}/health", timeout=HANG_S)  # noqa: E731
+    try:
+        proc.start().wait_ready()
+        assert wait_until(lambda: health().json()["status"] == "ok")
+        node.pause()  # its health checks time out: the router ejects it
+        try:
+            assert wait_until(lambda: health().json()["status"] == "no decode worker")
+            assert health().status_code == 200
+        finally:
+            node.resume()
+        assert wait_until(lambda: health().json()["status"] == "ok")
+    finally:
+        proc.stop()
+    assert wait_until(lambda: all_healthy(serve))
+
+
 def _decode_state(serve) -> tuple[str, float]:
     (decode,) = serve.workers("decode")
     metrics = httpx.get(decode["metrics_url"], timeout=HANG_S).text
