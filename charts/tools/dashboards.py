@@ -50,6 +50,11 @@ def rate(metric: str, by: str = "", where: str = "") -> str:
     return f"sum{group} (rate({metric}{{{sel}}}{RATE}))"
 
 
+def or_zero(expr: str, traffic: str) -> str:
+    """`expr`, or 0 while `traffic` has data: a status never answered has no series."""
+    return f"({expr} or {traffic} * 0)"
+
+
 def pooled(aggregate: str, metric: str, by: str) -> str:
     return f"{aggregate} by ({by}) ({metric}{{{SEL}}})"
 
@@ -209,8 +214,10 @@ def overview() -> dict:
             panel("Requests by status", [
                 ("{{status}}", rate("tandem_router_requests_total", "status", router))], "reqps"),
             panel("Errors", [
-                ("4xx", rate("tandem_router_requests_total", where=f'{router}, status=~"4.."')),
-                ("5xx", rate("tandem_router_requests_total", where=f'{router}, status=~"5.."')),
+                (f"{c}xx", or_zero(rate("tandem_router_requests_total",
+                                        where=f'{router}, status=~"{c}.."'),
+                                   rate("tandem_router_requests_total", where=router)))
+                for c in "45"
             ], "reqps"),
             panel("Finish reasons", [
                 ("{{finish_reason}}",

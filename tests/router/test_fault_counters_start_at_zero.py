@@ -68,3 +68,25 @@ def test_the_reasons_named_are_the_reasons_counted():
     assert all(f'reason="{r}"' in fallback for r in REFUSAL_REASONS["decode"])
     routed = Path(dispatch.__file__).read_text()
     assert all(f'"{r}"' in routed for r in RETRY_REASONS)
+
+
+def test_the_operators_reconcile_results_start_at_zero():
+    from tandem.operator.metrics import RECONCILE_RESULTS, RECONCILE_TRIGGERS, OperatorMetrics
+
+    found = samples(OperatorMetrics(CollectorRegistry()).registry)
+    for trigger in RECONCILE_TRIGGERS:
+        for result in RECONCILE_RESULTS:
+            labels = frozenset({"trigger": trigger, "result": result}.items())
+            assert found[("tandem_operator_reconciles_total", labels)] == 0.0
+
+
+def test_the_reconcile_triggers_named_are_the_handlers_triggers():
+    from pathlib import Path
+
+    import tandem.operator.handlers as handlers
+    from tandem.operator.metrics import RECONCILE_TRIGGERS
+
+    source = Path(handlers.__file__).read_text()
+    kopf_causes = [t for t in RECONCILE_TRIGGERS if t != "timer"]
+    assert all(f'("{t}", kopf.on.{t})' in source for t in kopf_causes)
+    assert 'reconcile("timer", body)' in source

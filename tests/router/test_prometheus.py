@@ -22,7 +22,7 @@ from tests.bounds import HANG_S, PROCESS_S
 from tests.disagg.nodes import wait_until
 from tests.operator.crd_schema import ROOT
 from tests.router.conftest import SERVE_FLAGS, ServeProc
-from tests.router.prometheus import Prometheus, binary
+from tests.router.prometheus import Prometheus, binary, static_jobs
 
 DASHBOARDS = ROOT / "charts" / "tandem" / "dashboards"
 RULES = ROOT / "charts" / "tandem" / "rules" / "tandem.rules.yaml"
@@ -31,19 +31,12 @@ VARIABLES = {"$__rate_interval": "1m", "$model": ".*", "$namespace": ".*", "$pod
 
 # "<dashboard> / <panel>" or "... / <panel> / <legend>" -> the condition it needs
 NEEDS = {
-    "Tandem / Overview / Errors / 5xx": "a server failure (5xx)",
-    "Tandem / Overview / Queue time and preemptions / preemptions/s": "KV pressure (a preemption)",
-    "Tandem / Disaggregation / KV transfer failures": "a failed NIXL transfer",
-    "Tandem / Disaggregation / Prefill fallbacks": "a remote prefill that fails over",
-    "Tandem / Disaggregation / Router: retries": "a decode worker failing a request",
-    "Tandem / Operator / Reconciles by result": "an operator reconciling (a Kubernetes API server)",
-    "Tandem / Operator / Reconcile errors": "an operator reconciling (a Kubernetes API server)",
     "Tandem / Overview / GPU utilization": "an NVIDIA GPU and dcgm-exporter",
     "Tandem / Overview / Tensor core activity": "an NVIDIA GPU and dcgm-exporter (profiling)",
     "Tandem / Overview / GPU memory used": "an NVIDIA GPU and dcgm-exporter",
     "Tandem / Overview / GPU power": "an NVIDIA GPU and dcgm-exporter",
 }
-ALERTS_NEED = {"TandemKVTransferFailures": "a failed NIXL transfer"}
+ALERTS_NEED: dict[str, str] = {}  # alert -> the condition its signal needs
 
 
 def panels(board: dict) -> list[dict]:
@@ -157,7 +150,7 @@ def test_every_dashboard_query_and_rule_returns_series(llama_dir, router_logs, t
         for role, found in urls.items():
             labels = {"namespace": "ns", "tandem_dev_deployment": "llama", "tandem_dev_role": role}
             jobs[f"llama-{role}"] = ([u.removeprefix("http://") for u in found], labels)
-        prometheus = Prometheus(tmp_path, jobs, [RULES]).start()
+        prometheus = Prometheus(tmp_path, static_jobs(jobs), [RULES]).start()
         mixed_load(serve.url)
         check(prometheus)
     finally:
