@@ -211,7 +211,7 @@ def metric_figures(ledger: Ledger, workers: list[dict], router_url: str) -> dict
         "router_retries": t("tandem_router_retries_total", "reason", router),
         "router_failures": t("tandem_router_request_failures_total", "reason,via", router),
         "router_statuses": t(
-            "tandem_router_requests_total", "status", router, endpoint="/v1/completions"
+            "tandem_router_requests_total", "status", router, handler="/v1/completions"
         ),
         "router_worker_restarts": t("tandem_router_worker_restarts_total", "worker_role", router),
         "router_in_flight": t("tandem_router_requests_in_flight", "role", router),

@@ -319,8 +319,8 @@ class AuthAndCount:
             await exc.response()(scope, receive, send_counted)
         finally:
             m = self.router.metrics
-            endpoint = path if path in _ENDPOINTS else "other"
-            m.child(m.requests, endpoint=endpoint, status=str(status)).inc()
+            handler = path if path in _ENDPOINTS else "other"
+            m.child(m.requests, handler=handler, status=str(status)).inc()
 
 
 _ENDPOINTS = frozenset(

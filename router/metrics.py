@@ -28,7 +28,7 @@ class RouterMetrics:
         r = registry
         self.requests = Counter(
             "tandem_router_requests_total", "HTTP requests answered.",
-            (*LABELS, "endpoint", "status"), registry=r,
+            (*LABELS, "handler", "status"), registry=r,
         )  # fmt: skip
         self.in_flight = Gauge(
             "tandem_router_requests_in_flight",

@@ -178,7 +178,7 @@ def _variable(label: str, source: str) -> dict:
 
 def slo_row() -> Row:
     router = f'{SEL}, role="router"'
-    generation = f'{{{SEL}, endpoint=~"/v1/.*"}}'
+    generation = f'{{{SEL}, handler=~"/v1/.*"}}'
     requests = f"sum (rate(tandem_router_requests_total{generation}{RATE}))"
     failures = f"sum (rate(tandem_router_request_failures_total{{{SEL}}}{RATE}))"
 

@@ -1,5 +1,6 @@
 """A real Prometheus (Debian's `prometheus` package, installed by `make install`) on
-127.0.0.1 for the tests: static scrape targets, rule files, and its HTTP query API."""
+127.0.0.1 for the tests: static or discovered scrape targets, rule files, and its HTTP query
+API."""
 
 from __future__ import annotations
 
@@ -25,25 +26,31 @@ def binary(name: str) -> str:
     return found
 
 
+def static_jobs(jobs: dict[str, tuple[list[str], dict[str, str]]]) -> list[dict[str, Any]]:
+    """Scrape configs for `jobs` ({job: (["host:port", ...], target labels)})."""
+    return [
+        {"job_name": job, "static_configs": [{"targets": targets, "labels": labels}]}
+        for job, (targets, labels) in jobs.items()
+    ]
+
+
 class Prometheus:
-    """One Prometheus process scraping `jobs` ({job: (["host:port", ...], target labels)})
-    every second and evaluating `rule_files`."""
+    """One Prometheus process scraping by `scrape_configs` every second and evaluating
+    `rule_files`."""
 
     def __init__(
         self,
         workdir: Path,
-        jobs: dict[str, tuple[list[str], dict[str, str]]],
+        scrape_configs: list[dict[str, Any]],
         rule_files: list[Path],
+        program: str | None = None,  # else Debian's, from PATH
     ) -> None:
-        self.workdir = workdir
+        self.workdir, self.program = workdir, program or binary("prometheus")
         self.port = free_port()
         config = {
             "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": "1s"},
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": targets, "labels": labels}]}
-                for job, (targets, labels) in jobs.items()
-            ],
+            "scrape_configs": scrape_configs,
         }
         (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen | None = None
@@ -56,7 +63,7 @@ class Prometheus:
         log = open(self.workdir / "prometheus.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [
-                binary("prometheus"),
+                self.program,
                 f"--config.file={self.workdir / 'prometheus.yml'}",
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",

@@ -295,7 +295,7 @@ def test_router_hashes_match_the_nodes_and_the_index_finds_prefixes(client, serv
 def test_metrics_count_requests_and_selections(serve, client):
     client.completions.create(model=MODEL, prompt="x", max_tokens=2)
     text = httpx.get(f"{serve.url}/metrics", timeout=HANG_S).text
-    labels = {"endpoint": "/v1/completions", "status": "200"}
+    labels = {"handler": "/v1/completions", "status": "200"}
     assert metric_value(text, "tandem_router_requests_total", **labels) >= 1
     assert metric_value(text, "tandem_router_worker_selections_total", worker_role="decode") >= 1
     assert metric_value(text, "tandem_router_worker_healthy", worker_role="prefill") == 1

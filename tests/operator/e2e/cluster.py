@@ -49,11 +49,13 @@ def admin_apply(api: KubeApi, obj: dict[str, Any]) -> dict[str, Any]:
     return api._call("PATCH", object_path(obj), query, obj, "application/apply-patch+yaml")
 
 
-def chart_objects(operator_namespace: str, watched: list[str]) -> list[dict[str, Any]]:
+def chart_objects(
+    operator_namespace: str, watched: list[str], **values: Any
+) -> list[dict[str, Any]]:
     """The chart as `helm install` renders it, in namespaced mode (one Role per watched
-    namespace: the least privilege the chart offers)."""
+    namespace: the least privilege the chart offers), with `values` on top."""
     chart = helm.Chart.load(str(CHART))
-    values = {"watchNamespaces": watched, "resyncInterval": 2}
+    values = {"watchNamespaces": watched, "resyncInterval": 2, **values}
     manifests = chart.render(values, name=RELEASE, namespace=operator_namespace, is_install=True)
     return [
         doc

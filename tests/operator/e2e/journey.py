@@ -45,6 +45,10 @@ class Served:
         selector = f"tandem.dev/deployment={self.name},tandem.dev/role={role}"
         return self.api.list(POD, self.namespace, selector)
 
+    def current(self, role: str) -> list[dict[str, Any]]:
+        """The role's pods that are not terminating."""
+        return [p for p in self.pods(role) if not p["metadata"].get("deletionTimestamp")]
+
     def router_service(self) -> dict[str, Any]:
         return self.api.get(SERVICE, self.namespace, f"{self.name}-router")
 
@@ -54,22 +58,32 @@ class Served:
     def operator_pods(self) -> list[dict[str, Any]]:
         return self.api.list(POD, self.operator_namespace, "app.kubernetes.io/name=tandem")
 
-    def delete_pod(self, pod: dict[str, Any]) -> None:
+    def delete_pod(self, pod: dict[str, Any], grace_s: int | None = None) -> None:
+        """As `kubectl delete pod`; `grace_s=0` kills it at once, as a crash would."""
         meta = pod["metadata"]
-        self.api._call("DELETE", POD.path(meta["namespace"], meta["name"]))
+        body = None if grace_s is None else {"gracePeriodSeconds": grace_s}
+        self.api._call("DELETE", POD.path(meta["namespace"], meta["name"]), body=body)
 
     def ready_ips(self, role: str) -> set[str]:
         """The pod IPs of the role's Ready pods that are not terminating."""
-        return {
-            p["status"]["podIP"]
-            for p in self.pods(role)
-            if not p["metadata"].get("deletionTimestamp") and is_ready(p)
-        }
+        return {p["status"]["podIP"] for p in self.current(role) if is_ready(p)}
 
-    def router_workers(self, role: str) -> set[str]:
-        """The IPs of the `role` workers the router counts healthy now."""
-        workers = httpx.get(f"{self.router_url()}/workers", timeout=HANG_S).json()
+    def router_workers(self, role: str, router: str | None = None) -> set[str]:
+        """The IPs of the `role` workers a router (the Service's pick, or the pod at IP
+        `router`) counts healthy now."""
+        url = f"http://{router}:8000" if router else self.router_url()
+        workers = httpx.get(f"{url}/workers", timeout=HANG_S).json()
         return {httpx.URL(w["url"]).host for w in workers if w["role"] == role and w["healthy"]}
+
+    def routers_follow(self, role: str, replicas: int) -> bool:
+        """The role has `replicas` Ready pods, and every Ready router uses exactly those."""
+        pods = self.ready_ips(role)
+        routers = self.ready_ips("router")
+        return (
+            len(pods) == replicas
+            and bool(routers)
+            and all(self.router_workers(role, r) == pods for r in routers)
+        )
 
     def rolled_from(self, revision: str) -> bool:
         """A new revision is what every node pod runs, each Ready, one per replica."""
@@ -78,7 +92,7 @@ class Served:
         if now in (None, revision) or status.get("phase") != "Ready":
             return False
         for role in ("prefill", "decode"):
-            pods = [p for p in self.pods(role) if not p["metadata"].get("deletionTimestamp")]
+            pods = self.current(role)
             labels = {p["metadata"]["labels"]["tandem.dev/revision"] for p in pods}
             if labels != {now} or not all(is_ready(p) for p in pods):
                 return False
@@ -188,6 +202,11 @@ class Outcome:
     ended: float
     tokens: int
     error: str | None
+    retry_after: float = 0.0  # seconds, from a 429 or 503's Retry-After
+
+
+def _error(exc: openai.OpenAIError) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 class StreamLoad:
@@ -223,7 +242,9 @@ class StreamLoad:
         client = openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="x", timeout=HANG_S,
                                max_retries=0)  # fmt: skip
         while not self._stop.is_set() and len(self.outcomes) < self.limit:
-            self.outcomes.append(self._one(client, index))
+            outcome = self._one(client, index)
+            self.outcomes.append(outcome)
+            self._stop.wait(outcome.retry_after)  # as a client told to come back later
 
     def _one(self, client: openai.OpenAI, index: int) -> Outcome:
         started, tokens, finish = time.monotonic(), 0, None
@@ -237,6 +258,9 @@ class StreamLoad:
                     tokens += bool(choice.delta.content)
                     finish = choice.finish_reason or finish
             error = None if finish else "no finish_reason"
+        except openai.APIStatusError as exc:  # 429 and 503 say when to come back
+            after = float(exc.response.headers.get("retry-after", 0))
+            return Outcome(started, time.monotonic(), tokens, _error(exc), after)
         except openai.OpenAIError as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = _error(exc)
         return Outcome(started, time.monotonic(), tokens, error)

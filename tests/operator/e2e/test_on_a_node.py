@@ -21,11 +21,12 @@ import httpx
 import openai
 import pytest
 
+from tandem.operator.render import render
 from tandem.operator.spec import DEFAULT_IMAGE
 from tests.assets import smollm2
 from tests.bounds import HANG_S
 from tests.disagg.nodes import free_port, metric_value, wait_until
-from tests.operator.e2e.cluster import delete_namespace
+from tests.operator.e2e.cluster import chart_objects, delete_namespace
 from tests.operator.e2e.helpers import (
     create,
     expected_children,
@@ -46,6 +47,10 @@ from tests.operator.e2e.journey import (
     pod_timeline,
 )
 from tests.operator.e2e.node import STATE
+from tests.operator.e2e.pairing import Pairings
+from tests.operator.e2e.scrape import NO_PROMETHEUS, kubernetes_prometheus, pod_monitor_job
+from tests.router.prometheus import Prometheus
+from tests.router.test_prometheus import RULES, dashboard_queries, rules
 
 pytestmark = pytest.mark.e2e
 START_S = 900  # cold start bound: a hang, not a slow machine, reaches it
@@ -101,6 +106,31 @@ def ready(served) -> Served:
 
 
 @pytest.fixture(scope="module")
+def prometheus(ready, cluster, tmp_path_factory):
+    """Started with the deployment Ready and kept to the end of the module, so it scrapes
+    every pod the journey starts and every fault it causes; None without a Prometheus that
+    has Kubernetes discovery."""
+    program = kubernetes_prometheus()
+    if program is None:  # the journey goes on; the test that needs it says why it skips
+        yield None
+        return
+    workdir = tmp_path_factory.mktemp("prometheus")
+    token = workdir / "token"
+    token.write_text(cluster.plane.admin_token)
+    live = ready.resource()
+    live["spec"]["monitoring"] = {"podMonitor": {}}
+    monitors = [o for o in render(live) if o["kind"] == "PodMonitor"]
+    chart = chart_objects(ready.operator_namespace, [ready.namespace],
+                          metrics={"podMonitor": {"enabled": True}})  # fmt: skip
+    monitors += [o for o in chart if o["kind"] == "PodMonitor"]
+    assert len(monitors) == 2
+    jobs = [pod_monitor_job(m, cluster.plane.server, cluster.plane.ca, token) for m in monitors]
+    server = Prometheus(workdir, jobs, [RULES], program).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 def client(ready) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{ready.router_url()}/v1", api_key="unused", timeout=300)
 
@@ -113,7 +143,7 @@ def test_the_operator_runs_as_a_pod_under_the_charts_service_account(served):
     assert is_ready(pod)
 
 
-def test_the_deployment_becomes_ready_and_its_cold_start_is_split(ready):
+def test_the_deployment_becomes_ready_and_its_cold_start_is_split(ready, prometheus):
     live = ready.resource()
     assert live["status"]["phase"] == "Ready"
     split = {}
@@ -151,19 +181,20 @@ def test_structured_outputs_and_tools_through_the_cluster_ip(client):
         "required": ["colour"], "additionalProperties": False,
     }  # fmt: skip
     r = client.chat.completions.create(
-        model=MODEL_NAME, messages=PROMPT, max_tokens=48,
+        model=MODEL_NAME, messages=PROMPT, max_tokens=48, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
     )  # fmt: skip
     assert set(json.loads(r.choices[0].message.content)) == {"colour"}
     tool = {"type": "function", "function": {"name": "paint", "parameters": schema}}
     r = client.chat.completions.create(
-        model=MODEL_NAME, messages=PROMPT, max_tokens=48, tools=[tool], tool_choice="required"
-    )
-    calls = r.choices[0].message.tool_calls  # "required": one call or more
-    assert calls and r.choices[0].finish_reason == "tool_calls"
-    for call in calls:
-        assert call.function.name == "paint"
-        assert set(json.loads(call.function.arguments)) == {"colour"}
+        model=MODEL_NAME, messages=PROMPT, max_tokens=48, tools=[tool], tool_choice="required",
+        parallel_tool_calls=False, temperature=0,
+    )  # fmt: skip
+    # one call, then the grammar ends the message (parallel calls may run to max_tokens)
+    (call,) = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "paint"
+    assert set(json.loads(call.function.arguments)) == {"colour"}
 
 
 def test_the_kv_cache_crosses_from_the_prefill_pod_to_the_decode_pod_over_nixl(ready, client):
@@ -229,7 +260,7 @@ def test_a_spec_change_rolls_a_new_revision_under_load_with_no_failed_request(re
     """A revision that changes the engine (every pod's template) rolls while 8 clients
     stream: every request finishes, and traffic flows on the new pods afterwards."""
     before = ready.resource()["status"]["revision"]
-    with StreamLoad(ready.router_url()) as load:
+    with Pairings(ready) as pairs, StreamLoad(ready.router_url()) as load:
         assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
         started = time.monotonic()
         patch_spec(ready.api, ready.ref(), {"engine": {"maxNumSeqs": 64}})
@@ -238,7 +269,114 @@ def test_a_spec_change_rolls_a_new_revision_under_load_with_no_failed_request(re
         served = load.count()
         assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
     assert load.failures() == [], load.failures()[:3]
-    report("rollout", {"seconds": round(rolled_s, 1), "requests": load.count(), "failed": 0})
+    # no prompt prefilled by one revision went on to decode on the other
+    assert pairs.mixed() == [] and pairs.unknown() == set()
+    revisions = {pairs.revisions[p] for p, _ in pairs.pairs.values()}
+    assert revisions == {before, ready.resource()["status"]["revision"]}  # both were seen
+    report("rollout", {"seconds": round(rolled_s, 1), "requests": load.count(), "failed": 0,
+                       "pairs_read": len(pairs.pairs)})  # fmt: skip
+
+
+def test_a_deleted_decode_pod_is_replaced_and_adopted(ready):
+    """In-flight streams on the deleted pod end as docs/router.md says (finished, or an
+    error event once tokens were sent; none hangs); while no decode pod is ready the router
+    stays in its Service and answers 503 with Retry-After (no refused connection); then it
+    drops the pod and serves on its replacement."""
+    (old,) = ready.current("decode")
+    with StreamLoad(ready.router_url()) as load:
+        assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
+        started = time.monotonic()
+        ready.delete_pod(old)
+        assert wait_until(lambda: _adopted(ready, "decode", old), timeout=START_S)
+        adopted_s = time.monotonic() - started
+        served = load.count()
+        assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+    documented = ("no decode worker is available", "decode worker failed mid-stream")
+    undocumented = [o for o in load.failures() if not any(d in o.error for d in documented)]
+    assert undocumented == [], undocumented[:3]
+    report("decode_pod_deleted", {
+        "adopted_s": round(adopted_s, 1), "requests": load.count(),
+        "refused_503": sum(documented[0] in o.error for o in load.failures()),
+        "broken_streams": sum(documented[1] in o.error for o in load.failures()),
+    })  # fmt: skip
+
+
+def test_a_deleted_prefill_pod_is_replaced_with_no_failed_request(ready):
+    """`kubectl delete pod`: the pod drains (its endpoint gone, requests it holds finish)
+    while its replacement starts; the router adopts the replacement, no request fails."""
+    (old,) = ready.current("prefill")
+    with StreamLoad(ready.router_url()) as load:
+        assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
+        started = time.monotonic()
+        ready.delete_pod(old)
+        assert wait_until(lambda: _adopted(ready, "prefill", old), timeout=START_S)
+        adopted_s = time.monotonic() - started
+        served = load.count()
+        assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+    assert load.failures() == [], load.failures()[:3]
+    report("prefill_pod_deleted", {"adopted_s": round(adopted_s, 1), "requests": load.count()})
+
+
+def test_a_killed_prefill_pod_makes_decode_fall_back(ready):
+    """The prefill pod killed at once (grace 0, as a crash): a prompt sent to it falls
+    back on the decode pod, counted, and prompts meanwhile are prefilled there (counted
+    too); no request fails."""
+    (old,) = ready.current("prefill")
+    (decode_ip,) = ready.ready_ips("decode")
+    metrics = f"http://{decode_ip}:8000/metrics"
+    fallbacks = lambda: sum_metric(metrics, "tandem_prefill_fallbacks_total")  # noqa: E731
+    local = lambda: sum_metric(metrics, "tandem_disagg_decisions_total", decision="local")  # noqa: E731
+    before = {"fallbacks": fallbacks(), "local": local()}
+    with StreamLoad(ready.router_url()) as load:
+        assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
+        ready.delete_pod(old, grace_s=0)
+        assert wait_until(lambda: fallbacks() + local() > sum(before.values()), timeout=HANG_S)
+        assert wait_until(lambda: _adopted(ready, "prefill", old), timeout=START_S)
+        served = load.count()
+        assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+    assert load.failures() == [], load.failures()[:3]
+    report("prefill_pod_killed", {
+        "fallbacks": fallbacks() - before["fallbacks"], "local_prefills": local() - before["local"],
+        "requests": load.count(),
+    })  # fmt: skip
+
+
+def _adopted(ready: Served, role: str, old: dict) -> bool:
+    """A replacement for `old`, Ready, is the role's one pod, and the routers use it."""
+    return old["status"]["podIP"] not in ready.ready_ips(role) and ready.routers_follow(role, 1)
+
+
+def test_replicas_and_an_autoscalers_bounds_are_followed_by_the_routers(ready):
+    """Two routers, two decode pods (replicas) and two prefill pods (an HPA's minReplicas,
+    which its controller enforces without metrics): every router uses every Ready pod."""
+    started = time.monotonic()
+    patch_spec(ready.api, ready.ref(), {
+        "router": {"replicas": 2}, "decode": {"replicas": 2},
+        "autoscaling": {"prefill": {"minReplicas": 2, "maxReplicas": 3}},
+    })  # fmt: skip
+    followed = {}
+    for role in ("decode", "prefill"):
+        assert wait_until(lambda r=role: ready.routers_follow(r, 2), timeout=START_S), role
+        followed[role] = round(time.monotonic() - started, 1)
+    assert wait_until(lambda: len(ready.ready_ips("router")) == 2, timeout=START_S)
+    assert wait_until(lambda: ready.routers_follow("decode", 2), timeout=HANG_S)
+    report("scaled_to_two_followed_s", followed)
+
+
+def test_one_of_two_routers_deleted_the_service_keeps_answering(ready):
+    """kube-proxy sends the Service's traffic to the router left while the other drains
+    (its endpoint removed before it stops): no request fails."""
+    old = sorted(ready.current("router"), key=lambda p: p["metadata"]["name"])[0]
+    gone = old["status"]["podIP"]
+    with StreamLoad(ready.router_url()) as load:
+        assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
+        ready.delete_pod(old)
+        assert wait_until(lambda: gone not in ready.ready_ips("router"), timeout=HANG_S)
+        assert wait_until(lambda: len(ready.ready_ips("router")) == 2, timeout=START_S)
+        served = load.count()
+        assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+    assert load.failures() == [], load.failures()[:3]
+    report("router_pod_deleted", {"requests": load.count(), "failed": 0})
 
 
 def test_the_operator_pod_deleted_serving_goes_on_and_nothing_is_rewritten(ready):
@@ -293,3 +431,29 @@ def _healthy(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_prometheus_finds_every_pod_and_every_dashboard_query_has_data(ready, prometheus):
+    """Prometheus, configured as the Prometheus Operator configures it for the two
+    PodMonitors (the resource's and the chart's), has scraped every pod since the start:
+    every dashboard query and recording rule returns data (GPU panels aside: no GPU here),
+    the fault counters' panels included (0, not "No data"), and `up` by role."""
+    if prometheus is None:
+        pytest.skip(f"no Prometheus with Kubernetes discovery: {NO_PROMETHEUS}")
+    queries = {k: q for k, q in dashboard_queries().items() if "GPU" not in k and "Tensor" not in k}
+    expected = queries | {f"record {name}": name for name in rules()[0]}
+    up = 'count by (tandem_dev_deployment, tandem_dev_role) (up{namespace="%s"} == 1)'
+    expected["up by role"] = up % ready.namespace
+
+    def empty() -> list[str]:
+        return [key for key, q in expected.items() if not prometheus.series(q)]
+
+    wait_until(lambda: not empty(), timeout=HANG_S, interval=1.0)
+    missing = empty()
+    assert not missing, "no data: " + "; ".join(missing)
+    roles = {s["metric"]["tandem_dev_role"] for s in prometheus.series(expected["up by role"])}
+    assert roles == {"router", "prefill", "decode"}
+    assert prometheus.series(f'up{{namespace="{ready.operator_namespace}"}} == 1')
+    assert prometheus.series("up == 0") == []
+    report("prometheus", {"queries_with_data": len(expected), "targets": len(
+        prometheus.api("targets")["activeTargets"])})  # fmt: skip
