@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> None:
         )
         return decode_loop
 
-    server = NodeServer(build, registry, Heartbeat(args.engine_stall_timeout))
+    server = NodeServer(build, registry, Heartbeat(args.engine_stall_timeout), args.debug_endpoints)
     add_decode_routes(server)
     try:
         server.serve(args.host, args.http_port, args.log_level)

@@ -81,6 +81,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         f"answer 503 'engine stalled' (default: {STALL_AFTER_S:g}; more than the longest "
         "step, a long prefill on the CPU)",
     )
+    parser.add_argument(
+        "--debug-endpoints",
+        action="store_true",
+        help="serve /debug/kv, /debug/steps and /debug/blocks (for tests and benchmarks: "
+        "they expose raw KV bytes and run checks on the engine thread; off: 404)",
+    )
     parser.add_argument("--log-level", default="info")
     add_tracing_argument(parser)
 

@@ -1,12 +1,11 @@
 """Runs a node: the engine thread (it loads the model, then loops) beside a FastAPI app
 with the routes every node has: `/health` (ready: the model is loaded and the engine loop
-turns), `/health/live` (alive: loading, or the loop turns), `/metrics`, and the debug views
-tests read."""
+turns), `/health/live` (alive: loading, or the loop turns), `/metrics`, `/kv/snapshot`, and
+the debug views when turned on (`engine/debug_routes.py`)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
@@ -19,9 +18,9 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tandem.engine.debug_routes import add_debug_routes
 from tandem.engine.heartbeat import Heartbeat
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import NodeCore
@@ -96,10 +95,6 @@ class Worker(Protocol):
     def close(self) -> None: ...
 
 
-class BlocksQuery(BaseModel):
-    hashes: list[int]
-
-
 class NodeServer:
     """Owns the engine thread and the app. `build(loop)` makes the worker on that thread;
     the thread beats `heartbeat` at every turn of its loop."""
@@ -109,6 +104,7 @@ class NodeServer:
         build: Callable[[NodeLoop], Worker],
         registry: CollectorRegistry,
         heartbeat: Heartbeat | None = None,
+        debug_endpoints: bool = False,
     ) -> None:
         self.build = build
         self.registry = registry
@@ -119,6 +115,7 @@ class NodeServer:
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.app = FastAPI(lifespan=self._lifespan)
         self._add_routes()
+        add_debug_routes(self, debug_endpoints)
 
     def not_ready(self) -> Response | None:
         """The 503 to answer while the model is loading, or None once it is ready."""
@@ -190,32 +187,6 @@ class NodeServer:
             if (busy := self.not_ready()) is not None:
                 return busy
             return JSONResponse(await self.call(self._kv_snapshot))
-
-        @app.get("/debug/kv")
-        async def debug_kv() -> Response:
-            if (busy := self.not_ready()) is not None:
-                return busy
-            worker = self.worker
-            return JSONResponse(
-                await self.call(lambda: worker.core.kv_report() | worker.debug_report())
-            )
-
-        @app.get("/debug/steps")
-        async def debug_steps(since: int = 0) -> Response:
-            """The logged engine steps after step `since`, and the last step's number
-            (`engine/step_log.py`)."""
-            if (busy := self.not_ready()) is not None:
-                return busy
-            log = self.worker.core.steps
-            steps, last = await self.call(lambda: (log.since(since), log.last_seq))
-            return JSONResponse({"last": last, "steps": steps})
-
-        @app.post("/debug/blocks")
-        async def debug_blocks(query: BlocksQuery) -> Response:
-            if (busy := self.not_ready()) is not None:
-                return busy
-            found = await self.call(lambda: self.worker.core.blocks_by_hash(query.hashes))
-            return JSONResponse({str(h): base64.b64encode(b).decode() for h, b in found.items()})
 
     def _stalled(self) -> dict[str, Any] | None:
         stalled_s = self.heartbeat.stalled_s()

@@ -128,8 +128,8 @@ def run(args: argparse.Namespace) -> None:
         return prefill_loop
 
     try:
-        NodeServer(build, registry, Heartbeat(args.engine_stall_timeout)).serve(
-            args.host, args.http_port, args.log_level
-        )
+        NodeServer(
+            build, registry, Heartbeat(args.engine_stall_timeout), args.debug_endpoints
+        ).serve(args.host, args.http_port, args.log_level)
     finally:
         traces.shutdown()
