@@ -172,7 +172,7 @@ def run_real(args, model: str, slices: list[list[SimRequest]]) -> list[dict[str,
         "--prefill", str(args.prefill), "--decode", str(args.decode), "--policy", args.policy,
         "--remote-prefill-threshold", str(args.threshold), "--port", str(args.port),
         "--num-kv-blocks", str(args.num_kv_blocks), "--max-model-len", str(args.max_model_len),
-        "--threads", "1",
+        "--threads", "1", "--debug-endpoints",  # the nodes' step logs: /debug/steps
     ]  # fmt: skip
     base = f"http://127.0.0.1:{args.port}"
     # the router's forwarding, on a router of its own (the same flags as serve's)

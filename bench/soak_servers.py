@@ -29,6 +29,7 @@ class Serve:
         self.log = log
         cmd = [sys.executable, "-P", "-m", "tandem.engine.cli", "serve", "--port", str(self.port)]
         cmd += ["--prefill", str(args.prefill), "--decode", str(args.decode)]
+        cmd += ["--debug-endpoints"]  # the census reads every node's /debug/kv
         for flag in ("model", "max_model_len", "num_kv_blocks", "prefill_timeout", "hold_timeout"):
             if getattr(args, flag) is not None:
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]

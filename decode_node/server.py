@@ -24,6 +24,7 @@ from pydantic import AfterValidator, BaseModel, Field
 from tandem.decode_node.prefill_client import PrefillClient, check_endpoint
 from tandem.decode_node.worker import DecodeOptions, DecodeWorker, DuplicateRequest, GenerateInput
 from tandem.engine import request_log, tracing
+from tandem.engine.heartbeat import Heartbeat
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import (
     NodeCore,
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> None:
         )
         return decode_loop
 
-    server = NodeServer(build, registry)
+    server = NodeServer(build, registry, Heartbeat(args.engine_stall_timeout), args.debug_endpoints)
     add_decode_routes(server)
     try:
         server.serve(args.host, args.http_port, args.log_level)

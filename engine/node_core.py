@@ -14,6 +14,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from tandem.engine.config import EngineConfig
+from tandem.engine.heartbeat import STALL_AFTER_S
 from tandem.engine.kv_cache_manager import KVCacheManager
 from tandem.engine.kv_events import Load, load_of
 from tandem.engine.llm_engine import EngineArgs, grammar_compiler
@@ -72,6 +73,20 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="ranks (processes; one GPU each on a GPU) splitting the model",
     )  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--engine-stall-timeout",
+        type=float,
+        default=STALL_AFTER_S,
+        help="seconds without a turn of the engine loop before /health and /health/live "
+        f"answer 503 'engine stalled' (default: {STALL_AFTER_S:g}; more than the longest "
+        "step, a long prefill on the CPU)",
+    )
+    parser.add_argument(
+        "--debug-endpoints",
+        action="store_true",
+        help="serve /debug/kv, /debug/steps and /debug/blocks (for tests and benchmarks: "
+        "they expose raw KV bytes and run checks on the engine thread; off: 404)",
+    )
     parser.add_argument("--log-level", default="info")
     add_tracing_argument(parser)
 

@@ -1,10 +1,11 @@
 """Runs a node: the engine thread (it loads the model, then loops) beside a FastAPI app
-with the routes every node has: `/health`, `/metrics`, and the debug views tests read."""
+with the routes every node has: `/health` (ready: the model is loaded and the engine loop
+turns), `/health/live` (alive: loading, or the loop turns), `/metrics`, `/kv/snapshot`, and
+the debug views when turned on (`engine/debug_routes.py`)."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
@@ -17,9 +18,10 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from tandem.engine.debug_routes import add_debug_routes
+from tandem.engine.heartbeat import Heartbeat
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import NodeCore
 from tandem.engine.node_loop import NodeLoop
@@ -93,22 +95,27 @@ class Worker(Protocol):
     def close(self) -> None: ...
 
 
-class BlocksQuery(BaseModel):
-    hashes: list[int]
-
-
 class NodeServer:
-    """Owns the engine thread and the app. `build(loop)` makes the worker on that thread."""
+    """Owns the engine thread and the app. `build(loop)` makes the worker on that thread;
+    the thread beats `heartbeat` at every turn of its loop."""
 
-    def __init__(self, build: Callable[[NodeLoop], Worker], registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        build: Callable[[NodeLoop], Worker],
+        registry: CollectorRegistry,
+        heartbeat: Heartbeat | None = None,
+        debug_endpoints: bool = False,
+    ) -> None:
         self.build = build
         self.registry = registry
+        self.heartbeat = heartbeat or Heartbeat()
         self.loop = NodeLoop()
         self.worker: Worker | None = None
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.app = FastAPI(lifespan=self._lifespan)
         self._add_routes()
+        add_debug_routes(self, debug_endpoints)
 
     def not_ready(self) -> Response | None:
         """The 503 to answer while the model is loading, or None once it is ready."""
@@ -123,10 +130,12 @@ class NodeServer:
     def _run(self) -> None:
         try:
             self.worker = self.build(self.loop)
+            self.heartbeat.beat()
             self.ready.set()
             logger.info("engine ready")
             while not self.loop.stopping.is_set():
                 self.worker.run_once()
+                self.heartbeat.beat()
         except Exception:
             logger.exception("the engine thread died; exiting")
             os._exit(1)
@@ -151,21 +160,21 @@ class NodeServer:
 
         @app.get("/health")
         async def health() -> Response:
+            """Ready (200) once the model is loaded, while the engine loop turns."""
             if not self.ready.is_set():
                 return JSONResponse({"status": "loading"}, status_code=503)
-            core = self.worker.core
-            identity = core.identity
-            return JSONResponse(
-                {
-                    "status": "ok",
-                    "role": identity.role,
-                    "model": identity.model,
-                    "revision": identity.revision,
-                    "agent": core.agent.name,
-                    "block_size": core.config.cache.block_size,
-                    **self.worker.ports(),
-                }
-            )
+            if (stalled := self._stalled()) is not None:
+                return JSONResponse(stalled | self._identity(), status_code=503)
+            return JSONResponse({"status": "ok"} | self._identity())
+
+        @app.get("/health/live")
+        async def live() -> Response:
+            """Alive (200) while the model loads and while the engine loop turns: the
+            liveness probe restarts a node whose engine thread is stuck, never a loading
+            one."""
+            if (stalled := self._stalled()) is not None:
+                return JSONResponse(stalled, status_code=503)
+            return JSONResponse({"status": "ok" if self.ready.is_set() else "loading"})
 
         @app.get("/metrics")
         async def metrics() -> Response:
@@ -179,31 +188,23 @@ class NodeServer:
                 return busy
             return JSONResponse(await self.call(self._kv_snapshot))
 
-        @app.get("/debug/kv")
-        async def debug_kv() -> Response:
-            if (busy := self.not_ready()) is not None:
-                return busy
-            worker = self.worker
-            return JSONResponse(
-                await self.call(lambda: worker.core.kv_report() | worker.debug_report())
-            )
+    def _stalled(self) -> dict[str, Any] | None:
+        stalled_s = self.heartbeat.stalled_s()
+        if stalled_s is None:
+            return None
+        return {"status": "engine stalled", "stalled_s": round(stalled_s, 3)}
 
-        @app.get("/debug/steps")
-        async def debug_steps(since: int = 0) -> Response:
-            """The logged engine steps after step `since`, and the last step's number
-            (`engine/step_log.py`)."""
-            if (busy := self.not_ready()) is not None:
-                return busy
-            log = self.worker.core.steps
-            steps, last = await self.call(lambda: (log.since(since), log.last_seq))
-            return JSONResponse({"last": last, "steps": steps})
-
-        @app.post("/debug/blocks")
-        async def debug_blocks(query: BlocksQuery) -> Response:
-            if (busy := self.not_ready()) is not None:
-                return busy
-            found = await self.call(lambda: self.worker.core.blocks_by_hash(query.hashes))
-            return JSONResponse({str(h): base64.b64encode(b).decode() for h, b in found.items()})
+    def _identity(self) -> dict[str, Any]:
+        core = self.worker.core
+        identity = core.identity
+        return {
+            "role": identity.role,
+            "model": identity.model,
+            "revision": identity.revision,
+            "agent": core.agent.name,
+            "block_size": core.config.cache.block_size,
+            **self.worker.ports(),
+        }
 
     def _kv_snapshot(self) -> dict[str, Any]:
         worker = self.worker

@@ -149,20 +149,24 @@ def _resources(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
 
 
 def _probes(role: str) -> dict[str, Any]:
-    """Ready when /health says so (a node once its model is loaded, the router once it has
-    seen a healthy decode worker, and from then on); alive while the HTTP port answers, so
-    a loading model is never killed."""
+    """Ready when /health says so (a node once its model is loaded and while its engine
+    loop turns, the router once it has seen a healthy decode worker, and from then on). A
+    node is alive while /health/live says so (loading, or the engine loop turned within its
+    stall bound), the router while its HTTP port answers. The startup probe is TCP, so a
+    loading model is never killed."""
 
-    def http() -> dict[str, Any]:
-        return {"httpGet": {"path": "/health", "port": "http"}}
+    def http(path: str) -> dict[str, Any]:
+        return {"httpGet": {"path": path, "port": "http"}}
 
     def tcp() -> dict[str, Any]:
         return {"tcpSocket": {"port": "http"}}
 
+    # a node's event loop may answer late while its engine thread is busy: 5 s, not 1
+    live = tcp() if role == "router" else http("/health/live") | {"timeoutSeconds": 5}
     return {
         "startupProbe": tcp() | {"periodSeconds": 5, "failureThreshold": 120},
-        "readinessProbe": http() | {"periodSeconds": 5, "failureThreshold": 2},
-        "livenessProbe": tcp() | {"periodSeconds": 10, "failureThreshold": 6},
+        "readinessProbe": http("/health") | {"periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": live | {"periodSeconds": 10, "failureThreshold": 6},
     }
 
 

@@ -10,6 +10,7 @@ import msgspec
 import zmq
 from prometheus_client import CollectorRegistry
 
+from tandem.engine.heartbeat import Heartbeat
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.kv_transfer import AbortPrefill, decode_to_prefill, encode
 from tandem.engine.node_core import (
@@ -127,6 +128,8 @@ def run(args: argparse.Namespace) -> None:
         return prefill_loop
 
     try:
-        NodeServer(build, registry).serve(args.host, args.http_port, args.log_level)
+        NodeServer(
+            build, registry, Heartbeat(args.engine_stall_timeout), args.debug_endpoints
+        ).serve(args.host, args.http_port, args.log_level)
     finally:
         traces.shutdown()

@@ -25,7 +25,7 @@ from tandem.engine.node_server import KEEP_ALIVE_S as NODE_KEEP_ALIVE_S
 from tandem.engine.node_server import add_validation_handler
 from tandem.engine.structured_outputs import StructuredOutputsParams
 from tandem.engine.tracing import Tracing
-from tandem.router.dispatch import Dispatcher, Job
+from tandem.router.dispatch import READ_TIMEOUT_S, Dispatcher, Job
 from tandem.router.errors import APIError, ModelNotFound, Unauthorized
 from tandem.router.generation import Generation, GenerationRunner
 from tandem.router.http_pool import ClientShards
@@ -54,6 +54,7 @@ class RouterOptions:
     health_interval_s: float = 1.0
     max_attempts: int = 3  # decode workers tried per choice
     health_timeout_s: float = 5.0
+    read_timeout_s: float = READ_TIMEOUT_S  # between two records of a decode stream
 
 
 class Router:
@@ -98,6 +99,7 @@ class Router:
             self.dispatcher = Dispatcher(
                 self.pool, self.index, self.policy, http, self.metrics,
                 self.pre.limits.block_size, self.options.max_attempts,
+                self.options.read_timeout_s,
             )  # fmt: skip
             self.runner = GenerationRunner(
                 self.dispatcher, self.metrics, self.options.max_inflight, self.tracing

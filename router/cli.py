@@ -54,6 +54,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "busy machine answers late, and is not dead)",
     )
     parser.add_argument(
+        "--worker-read-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a decode worker's stream may go without a record before the choice "
+        "fails (retried elsewhere before its first token, else an error event) and is "
+        "aborted there",
+    )
+    parser.add_argument(
         "--timeout-keep-alive",
         type=int,
         default=75,

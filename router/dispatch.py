@@ -1,8 +1,9 @@
 """Sends one choice of one request to a decode worker and reads its records back, with the
 router's failure policy: a decode worker that fails before any token reached the client is
 ejected and the choice is retried on another one (up to `max_attempts` workers); after a
-token has been streamed the stream ends with an error. A caller that stops reading (the
-client went away) aborts the request on the decode worker.
+token has been streamed the stream ends with an error. A worker that sends no record for
+`read_timeout_s`, or that its health checks eject, fails the attempt the same way. A
+caller that stops reading (the client went away) aborts the request on the decode worker.
 """
 
 from __future__ import annotations
@@ -25,9 +26,16 @@ from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 from tandem.router.policy import Policy, Route, RouteRequest, Snapshot
 from tandem.router.preprocess import Prompt
+from tandem.router.stream_reads import ReadCut, bounded_lines
 from tandem.router.workers import WorkerPool, WorkerState
 
 logger = logging.getLogger(__name__)
+
+# Seconds a decode worker's stream may go without a record before the attempt fails. A
+# record comes per step once the request runs (milliseconds on a GPU, under a second on a
+# CPU); the first waits for the prefill and for a place in the node's queue, so the bound
+# is generous: a node that queues for longer than this is treated as failing.
+READ_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class Dispatcher:
         metrics: RouterMetrics,
         block_size: int,
         max_attempts: int = 3,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self.pool = pool
         self.index = index
@@ -75,6 +84,7 @@ class Dispatcher:
         self.metrics = metrics
         self.block_size = block_size
         self.max_attempts = max_attempts
+        self.read_timeout_s = read_timeout_s
         self._seq = 0
         self._aborts: set[asyncio.Task] = set()
 
@@ -174,7 +184,8 @@ class Dispatcher:
                 "POST", f"{decode.url}/generate", json=body, headers=headers
             ) as r:
                 await self._check_status(r)
-                async for line in r.aiter_lines():
+                lines = bounded_lines(r.aiter_lines(), decode_state, self.read_timeout_s)
+                async for line in lines:
                     if not line:
                         continue
                     record = json.loads(line)
@@ -188,6 +199,8 @@ class Dispatcher:
                     yield record
             if not finished:
                 raise WorkerFailed(f"{decode.url} closed the stream before the end")
+        except ReadCut as exc:
+            raise WorkerFailed(f"{decode.url}: {exc}") from exc
         except (httpx.HTTPError, json.JSONDecodeError) as exc:
             raise WorkerFailed(f"{decode.url}: {exc!r}") from exc
         finally:

@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"ranks per {role} node (processes; one GPU each on a GPU)",
         )  # fmt: skip
     parser.add_argument("--log-level", default="warning", help="children's log level")
+    parser.add_argument(
+        "--debug-endpoints", action="store_true", help="the nodes' flag of that name"
+    )
     add_tracing_argument(parser)
     parser.add_argument("--ready-timeout", type=float, default=300.0, help="seconds")
     parser.add_argument(
@@ -104,6 +107,8 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     for flag in ("max_model_len", "num_kv_blocks", "otlp_traces_endpoint"):
         if getattr(args, flag, None) is not None:
             common += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+    if args.debug_endpoints:
+        common.append("--debug-endpoints")
     children = []
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):

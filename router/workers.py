@@ -7,6 +7,7 @@ frozen `WorkerView`s for the routing policy, which never sees mutable state.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,10 @@ class WorkerState:
     info: dict[str, Any] = field(default_factory=dict)  # the last /health body
     load: Load | None = None
     inflight: int = 0
+    ejections: int = 0  # by its health checks, counted so that its open streams see one
+    # the reads in progress on its streams (`stream_reads.bounded_lines`): expired when
+    # the health checks eject it, so that its streams end instead of waiting on it
+    open_reads: set[asyncio.Timeout] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -143,7 +148,9 @@ class WorkerPool:
 
     def health_failed(self, url: str, eject: bool = False) -> None:
         """Count a failure; eject after EJECT_AFTER in a row (or at once with `eject`,
-        when a request to it just failed)."""
+        when a request to it just failed). An ejection by the health checks also ends the
+        reads in progress on its open streams; one request failing does not end the
+        others (a worker that is gone ends them itself)."""
         worker = self.workers.get(url)
         if worker is None:
             return
@@ -151,6 +158,8 @@ class WorkerPool:
         if worker.healthy and (eject or worker.failures >= EJECT_AFTER):
             logger.warning("worker %s ejected after %d failure(s)", url, worker.failures)
             worker.healthy = False
+            if not eject:
+                _end_streams(worker)
 
     def snapshot(
         self, overlaps: dict[str, int], exclude: frozenset[str] = frozenset()
@@ -172,6 +181,12 @@ class WorkerPool:
             elif w.address.role == "decode" and w.agent is not None:
                 ejected.append(_view(w, overlaps))
         return tuple(views["prefill"]), tuple(views["decode"] or ejected)
+
+
+def _end_streams(worker: WorkerState) -> None:
+    worker.ejections += 1
+    for scope in worker.open_reads:
+        scope.reschedule(0)  # expired: its read raises TimeoutError now
 
 
 def _view(w: WorkerState, overlaps: dict[str, int]) -> WorkerView:

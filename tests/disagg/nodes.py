@@ -119,7 +119,7 @@ class Node(Proc):
             sys.executable, "-P", "-m", f"tandem.{self.role}_node",
             "--model", str(self.model),
             "--http-port", str(self.http_port), "--zmq-port", str(self.zmq_port),
-            "--threads", "1", "--log-level", "warning", *self.extra,
+            "--threads", "1", "--log-level", "warning", "--debug-endpoints", *self.extra,
         ]  # fmt: skip
 
     def kv(self) -> dict:

@@ -12,8 +12,10 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
+from prometheus_client import CollectorRegistry
 
 from tandem.engine.cli import apply_config
+from tandem.engine.node_server import NodeServer
 from tandem.operator.manifest import dump
 from tandem.operator.names import REVISION_LABEL, ROLE_LABEL
 from tandem.operator.render import render
@@ -206,6 +208,28 @@ def test_pods_are_hardened_and_probed():
         assert {"readinessProbe", "livenessProbe", "startupProbe"} <= set(main)
         mounts = {m["mountPath"] for m in main["volumeMounts"]}
         assert {"/dev/shm", "/models", "/etc/tandem", "/tmp"} <= mounts
+
+
+def test_a_nodes_liveness_checks_its_engine_and_startup_stays_tcp():
+    """A stuck engine thread restarts a node (its /health/live fails); a loading model is
+    never killed (the startup probe only needs the port); the router, which has no engine
+    thread, stays alive while its port answers."""
+    node_paths = {route.path for route in NodeServer(None, CollectorRegistry()).app.routes}
+    probed = 0
+    for obj in render(example("full")):
+        if obj["kind"] != "Deployment":
+            continue
+        role = obj["spec"]["template"]["metadata"]["labels"][ROLE_LABEL]
+        main = obj["spec"]["template"]["spec"]["containers"][0]
+        assert "tcpSocket" in main["startupProbe"], role
+        assert main["readinessProbe"]["httpGet"]["path"] == "/health", role
+        if role == "router":
+            assert "tcpSocket" in main["livenessProbe"]
+        else:
+            assert main["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
+            assert {"/health", "/health/live"} <= node_paths  # what the node serves
+            probed += 1
+    assert probed == 2  # prefill and decode
 
 
 def test_hugging_face_source_downloads_with_the_token():

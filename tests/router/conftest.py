@@ -16,7 +16,8 @@ SERVE_FLAGS = ("--max-model-len", "512", "--num-kv-blocks", "256", "--log-level"
 
 
 class ServeProc(Proc):
-    """`tandem serve`: its own children on free ports; the router on `http_port`."""
+    """`tandem serve`: its own children on free ports (their debug views on, for the
+    tests' censuses); the router on `http_port`."""
 
     name = "serve"
 
@@ -27,7 +28,8 @@ class ServeProc(Proc):
     def command(self) -> list[str]:
         return [
             sys.executable, "-P", "-m", "tandem.engine.cli", "serve",
-            "--model", str(self.model), "--port", str(self.http_port), *self.extra,
+            "--model", str(self.model), "--port", str(self.http_port), "--debug-endpoints",
+            *self.extra,
         ]  # fmt: skip
 
     def workers(self, role: str | None = None) -> list[dict]:

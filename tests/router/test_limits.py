@@ -235,3 +235,28 @@ def test_a_client_that_gives_up_aborts_a_non_streamed_request(serve, long):
     finally:
         node.resume()
     _assert_aborted_and_clean(serve, url, aborted + 2)
+
+
+def test_a_stopped_decode_worker_is_ejected_and_its_stream_ends_with_the_error(serve, long):
+    """The node stops mid-stream (SIGSTOP: nothing of it answers). The router's health
+    checks eject it, which ends the stream with the mid-stream error event, however long
+    the node stays stopped; once resumed, the node aborts the request and is healthy."""
+    url, aborted = _decode_state(serve)
+    node = Child(serve, url)
+    body = {**long, "stream": True}
+    try:
+        with httpx.stream("POST", f"{serve.url}/v1/completions", json=body, timeout=HANG_S) as r:
+            lines = (line for line in r.iter_lines() if line)
+            chunk = json.loads(next(lines)[len("data: ") :])
+            assert chunk["choices"][0]["finish_reason"] is None
+            node.pause()  # stays stopped until the stream has ended
+            rest = list(lines)
+    finally:
+        node.resume()
+    assert rest[-1] == "data: [DONE]", rest[-3:]
+    error = json.loads(rest[-2][len("data: ") :])["error"]
+    assert error["message"].startswith("decode worker failed mid-stream"), error
+    assert "ejected" in error["message"], error
+    _assert_aborted_and_clean(serve, url, aborted + 1)
+    live = httpx.get(f"{url}/health/live", timeout=HANG_S)
+    assert live.status_code == 200 and live.json()["status"] == "ok"
