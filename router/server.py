@@ -39,6 +39,7 @@ def build_router(args: argparse.Namespace) -> Router:
         args.health_interval,
         args.max_attempts,
         args.health_timeout,
+        args.cpu_workers,
     )
     metrics = RouterMetrics(CollectorRegistry(), name, pod)
     tracing = Tracing("tandem-router", args.otlp_traces_endpoint)
