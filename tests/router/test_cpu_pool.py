@@ -2,11 +2,12 @@
 pool, so its event loop serves everyone else meanwhile: while one request is provably held
 inside preprocessing (a threading.Event), another streams to its end and `/health` answers.
 A held request that ran on the loop instead would hold the loop, and both checks fail.
-No worker processes: a scripted dispatcher, or an unreachable worker, stands in."""
+No worker processes: a scripted dispatcher, or none, or a mock transport stands in."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import httpx
@@ -17,13 +18,16 @@ from tandem.engine import request_log
 from tandem.router.app import Router, RouterOptions
 from tandem.router.cpu_pool import CpuPool
 from tandem.router.discovery import StaticDiscovery
-from tandem.router.dispatch import Job
+from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import InvalidRequest
 from tandem.router.generation import Generation, GenerationRunner
+from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
 from tandem.router.policy import POLICIES
 from tandem.router.preprocess import ModelLimits, Preprocessor
+from tandem.router.protocol import CompletionRequest
 from tandem.router.responses import CompletionFormat
+from tandem.router.workers import WorkerAddress, WorkerPool
 from tests.bounds import HANG_S
 from tests.router.test_failure_metrics import Connected, ScriptedDispatcher, record
 
@@ -143,3 +147,35 @@ def test_health_answers_while_a_long_prompt_is_held_in_the_tokenizer(tokenizer):
     assert still_held, "/health was only answered once tokenizing let go of the loop"
     assert health_status == 503  # answered: no decode worker is healthy
     assert tokenized.status_code == 200 and tokenized.json()["count"] > 7000
+
+
+def test_a_prompts_ids_are_encoded_in_preprocessing_and_sent_as_encoded(tokenizer):
+    pre = Preprocessor(tokenizer, ModelLimits("m", 1000, 512, 16))
+    [prompt] = pre.completion_prompts(CompletionRequest(prompt="a prompt " * 20))
+    assert prompt.token_ids_json == json.dumps(prompt.token_ids, separators=(",", ":"))
+    bodies: list[bytes] = []
+
+    def node(request: httpx.Request) -> httpx.Response:
+        bodies.append(request.content)
+        last = record(7, "length")
+        return httpx.Response(200, content=json.dumps(last) + "\n")
+
+    pool = WorkerPool()
+    pool.update([WorkerAddress("http://decode", "decode")])
+    pool.health_ok("http://decode", {"role": "decode", "agent": "d"})
+    metrics = RouterMetrics(CollectorRegistry(), "m", "router-0")
+    sampling = {"max_tokens": 1, "stop": ["é"]}
+
+    async def go() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(node)) as http:
+            policy = POLICIES["round-robin"]
+            dispatcher = Dispatcher(pool, PrefixIndex(), policy, http, metrics, 16)
+            job = Job("r-0", prompt, sampling, "salt")
+            assert [r["finish_reason"] async for r in dispatcher.records(job)] == ["length"]
+
+    asyncio.run(go())
+    assert prompt.token_ids_json.encode() in bodies[0]  # spliced in, not encoded again
+    assert json.loads(bodies[0]) == {
+        "request_id": "r-0", "token_ids": prompt.token_ids, "sampling": sampling,
+        "prefill": None, "prefill_alternates": [], "cache_salt": "salt",
+    }  # fmt: skip
