@@ -11,7 +11,7 @@ consecutive chunks of the short streams (p50, p99, max, over `--rounds` rounds).
 
 `--tree DIR` runs the router from another checkout (the code before a change).
 
-    python -P bench/router_loop.py [--tree /tmp/old] [--router-arg=--cpu-workers=4]
+    python -P bench/router_loop.py [--tree /tmp/old] [--router-arg=--cpu-workers=4] [--smoke]
 """
 
 from __future__ import annotations
@@ -164,15 +164,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tree", default=None, help="run the router from this checkout")
     parser.add_argument("--router-arg", action="append", default=[], help="a router flag")
+    parser.add_argument("--smoke", action="store_true", help="tiny: that it runs at all")
     parser.add_argument("--fake-node", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.streams, args.tokens, args.chars, args.rounds = 2, 5, 5000, 1
     if args.fake_node is not None:
         uvicorn.run(fake_node(args.interval), port=args.fake_node, log_level="error")
         return
-    print("$", " ".join([Path(sys.executable).name, "-P", *sys.argv]))
+    print(f"command: python -P {' '.join(sys.argv)}")
     print(subprocess.check_output(["uname", "-a"], text=True).strip())
     print(f"nproc {len(os.sched_getaffinity(0))}")
-    print(describe_host(), f"router from {args.tree or 'this tree'}")
+    print(f"machine: {describe_host()}; router from {args.tree or 'this tree'}")
     with router(args) as base:
         for long in (False, True):
             gaps, num_long = [], 0
