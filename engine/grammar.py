@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -68,7 +69,8 @@ class Grammar:
 
 class GrammarCompiler:
     """Compiles specs for one tokenizer and caches the results (least recently used out
-    past `max_entries`). Not thread-safe: one per engine thread (or router event loop).
+    past `max_entries`). Thread-safe: the router validates specs on several threads (its
+    CPU pool); a spec two threads miss at once is compiled by both, and one result kept.
     The llguidance tokenizer is built on first use (about two seconds for a 150k
     vocabulary), so an offline engine that never sees a grammar never pays for it; servers
     build it at start-up (`prepare`).
@@ -95,6 +97,7 @@ class GrammarCompiler:
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
         self.unavailable: str | None = None  # why structured outputs cannot be served
         self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._lock = threading.Lock()  # the cache's order; compiling runs outside it
 
     def prepare(self) -> None:
         """Build the llguidance tokenizer now rather than on the first spec: a server calls
@@ -120,16 +123,18 @@ class GrammarCompiler:
 
     def _compiled(self, spec: StructuredOutputsParams) -> llguidance.LLMatcher:
         key = spec.key()
-        found = self._cache.get(key)
-        if found is not None:
-            self._cache.move_to_end(key)
-            return found
+        with self._lock:
+            found = self._cache.get(key)
+            if found is not None:
+                self._cache.move_to_end(key)
+                return found
         matcher = llguidance.LLMatcher(self._tokenizer(), grammar_text(spec), log_level=0)
         if matcher.is_error():
             raise InvalidGrammar(_first_error(matcher.get_error()))
-        self._cache[key] = matcher
-        if len(self._cache) > self.max_entries:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[key] = matcher
+            if len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
         return matcher
 
     def _tokenizer(self) -> llguidance.LLTokenizer:

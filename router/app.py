@@ -25,6 +25,7 @@ from tandem.engine.node_server import KEEP_ALIVE_S as NODE_KEEP_ALIVE_S
 from tandem.engine.node_server import add_validation_handler
 from tandem.engine.structured_outputs import StructuredOutputsParams
 from tandem.engine.tracing import Tracing
+from tandem.router.cpu_pool import DEFAULT_WORKERS, CpuPool
 from tandem.router.dispatch import READ_TIMEOUT_S, Dispatcher, Job
 from tandem.router.errors import APIError, ModelNotFound, Unauthorized
 from tandem.router.generation import Generation, GenerationRunner
@@ -55,10 +56,17 @@ class RouterOptions:
     max_attempts: int = 3  # decode workers tried per choice
     health_timeout_s: float = 5.0
     read_timeout_s: float = READ_TIMEOUT_S  # between two records of a decode stream
+    cpu_workers: int = DEFAULT_WORKERS  # threads preprocessing requests off the event loop
+
+    def __post_init__(self) -> None:
+        if self.cpu_workers < 1:
+            raise ValueError(f"--cpu-workers must be at least 1, not {self.cpu_workers}")
 
 
 class Router:
-    """Owns the pool, the index, the HTTP client and the monitor; `app` serves them."""
+    """Owns the pool, the index, the HTTP client, the monitor and the CPU pool (every
+    use of the tokenizer and the grammar compiler runs there, off the event loop); `app`
+    serves them."""
 
     def __init__(
         self,
@@ -95,6 +103,7 @@ class Router:
         # (`node_server.KEEP_ALIVE_S`), so a request never goes out on a connection the
         # server is closing; and kept across the pauses of bursty traffic, so a burst does
         # not wait for new connections to the decode nodes.
+        self.cpu = CpuPool(self.options.cpu_workers)
         async with ClientShards(client, keepalive_s=WORKER_KEEPALIVE_S) as http:
             self.dispatcher = Dispatcher(
                 self.pool, self.index, self.policy, http, self.metrics,
@@ -102,7 +111,7 @@ class Router:
                 self.options.read_timeout_s,
             )  # fmt: skip
             self.runner = GenerationRunner(
-                self.dispatcher, self.metrics, self.options.max_inflight, self.tracing
+                self.dispatcher, self.metrics, self.options.max_inflight, self.cpu, self.tracing
             )
             self.monitor = WorkerMonitor(
                 self.pool, self.index, self.discovery, http, self.options.health_interval_s,
@@ -114,6 +123,7 @@ class Router:
             finally:
                 task.cancel()
                 self.monitor.close()
+                self.cpu.close()
 
     # -- checks ---------------------------------------------------------------------------
 
@@ -242,9 +252,11 @@ class Router:
             if (req.prompt is None) == (req.messages is None):
                 raise APIError("give exactly one of prompt and messages", "prompt")
             if req.messages is not None:
-                ids = self.pre.encode_messages(req.messages, req.add_generation_prompt)
+                ids = await self.cpu.run(
+                    self.pre.encode_messages, req.messages, req.add_generation_prompt
+                )
             else:
-                ids = self.pre.tokenize(req.prompt, req.add_special_tokens)
+                ids = await self.cpu.run(self.pre.tokenize, req.prompt, req.add_special_tokens)
             limits = self.pre.limits
             return JSONResponse(
                 {"count": len(ids), "max_model_len": limits.max_model_len, "tokens": ids}
@@ -253,7 +265,7 @@ class Router:
         @app.post("/detokenize")
         async def detokenize(req: DetokenizeRequest) -> Response:
             self._check_model(req.model)
-            return JSONResponse({"prompt": self.pre.detokenize(req.tokens)})
+            return JSONResponse({"prompt": await self.cpu.run(self.pre.detokenize, req.tokens)})
 
         @app.get("/health")
         async def health() -> Response:

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from tandem.engine.tracing import add_tracing_argument
+from tandem.router.cpu_pool import DEFAULT_WORKERS
 
 POLICY_NAMES = ("kv-aware", "prefix-aware", "least-load", "round-robin")
 # tandem.router.structured.TOOL_PARSER_CHOICES, named here so `--help` imports no torch
@@ -45,6 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-inflight", type=int, default=256, help="choices in progress (prompts x n) before 429"
     )
     parser.add_argument("--max-attempts", type=int, default=3, help="decode workers per choice")
+    parser.add_argument(
+        "--cpu-workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help="threads that preprocess requests (chat template, tokenizing, block hashes, "
+        f"grammars) off the event loop, so a long prompt does not hold other streams "
+        f"(default: {DEFAULT_WORKERS}; tokenizing runs without the GIL, on up to this many cores)",
+    )
     parser.add_argument("--health-interval", type=float, default=1.0, help="seconds")
     parser.add_argument(
         "--health-timeout",

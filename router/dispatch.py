@@ -158,14 +158,7 @@ class Dispatcher:
 
     async def _attempt(self, job: Job, route: Route) -> AsyncIterator[dict[str, Any]]:
         decode, prefill = route.decode, route.prefill
-        body = {
-            "request_id": job.request_id,
-            "token_ids": job.prompt.token_ids,
-            "sampling": job.sampling,
-            "prefill": prefill.endpoint if prefill else None,
-            "prefill_alternates": [p.endpoint for p in route.alternates if p.endpoint],
-            "cache_salt": job.cache_salt,
-        }
+        body = _generate_body(job, route)
         # the router's own load counts: prefill until the first record, decode until the end
         decode_state = self.pool.workers.get(decode.url)
         prefill_state = self.pool.workers.get(prefill.url) if prefill else None
@@ -177,11 +170,12 @@ class Dispatcher:
         )  # fmt: skip
         request_id = request_log.current()
         headers = tracing.current_carrier()  # the choice's span: the decode node's parent
+        headers["content-type"] = "application/json"
         if request_id:
             headers[request_log.HEADER] = request_id
         try:
             async with self.http.stream(
-                "POST", f"{decode.url}/generate", json=body, headers=headers
+                "POST", f"{decode.url}/generate", content=body, headers=headers
             ) as r:
                 await self._check_status(r)
                 lines = bounded_lines(r.aiter_lines(), decode_state, self.read_timeout_s)
@@ -231,6 +225,24 @@ class Dispatcher:
         task = asyncio.get_running_loop().create_task(send())
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
+
+
+def _generate_body(job: Job, route: Route) -> bytes:
+    """The decode node's `POST /generate` body, the prompt's ids spliced in as encoded
+    off the event loop (`Prompt.token_ids_json`), so only the small fields are encoded here."""
+    rest = {
+        "request_id": job.request_id,
+        "sampling": job.sampling,
+        "prefill": route.prefill.endpoint if route.prefill else None,
+        "prefill_alternates": [p.endpoint for p in route.alternates if p.endpoint],
+        "cache_salt": job.cache_salt,
+    }
+    ids = job.prompt.token_ids_json
+    if ids is None:
+        ids = json.dumps(job.prompt.token_ids, separators=(",", ":"))
+    # as httpx's `json=` encodes a body: no NaN, UTF-8
+    fields = json.dumps(rest, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return f'{{"token_ids":{ids},{fields[1:]}'.encode()
 
 
 def _count(delta: int, *workers: WorkerState | None) -> None:

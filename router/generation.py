@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tandem.engine import request_log, tracing
 from tandem.engine.tracing import Tracing
+from tandem.router.cpu_pool import CpuPool
 from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import APIError, InvalidRequest, RouterFault, TooManyRequests
 from tandem.router.metrics import RouterMetrics
@@ -85,18 +86,21 @@ class Generation:
 
 class GenerationRunner:
     """Runs generations; at most `max_inflight` choices at once (a request's prompts times
-    its `n`; a request that would pass the bound gets a 429, one that never fits a 400)."""
+    its `n`; a request that would pass the bound gets a 429, one that never fits a 400).
+    A generation is built (its prompts preprocessed) on `cpu`, off the event loop."""
 
     def __init__(
         self,
         dispatcher: Dispatcher,
         metrics: RouterMetrics,
         max_inflight: int,
+        cpu: CpuPool,
         tracing: Tracing | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.max_inflight = max_inflight
+        self.cpu = cpu
         self.tracing = tracing or Tracing.off()
         self.inflight = 0  # choices
 
@@ -107,14 +111,15 @@ class GenerationRunner:
         http: HttpRequest,
         num_choices: int = 1,
     ) -> Response:
-        """The whole answer, or a stream. Saturation (429) is checked before `build` runs,
-        so overload is shed before any tokenizing; the generation's `num_choices` count as
-        in flight until the answer or the stream is over."""
+        """The whole answer, or a stream. Saturation (429) is checked before `build` runs
+        (on the CPU pool: what it raises is raised here), so overload is shed before any
+        tokenizing; the generation's `num_choices` count as in flight from then until the
+        answer or the stream is over, its preprocessing included."""
         self._admit(num_choices)
-        gen = build()  # no await between the check and _enter: the count is exact
-        self._enter(num_choices)
+        self._enter(num_choices)  # no await since the check: the count is exact
         streaming = False
         try:
+            gen = await self.cpu.run(build)
             if not stream:
                 return await self._complete(gen, http)
             events = self._events(gen, buffered=False)

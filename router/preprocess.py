@@ -33,12 +33,16 @@ from tandem.router.structured import StructuredOutputs, ToolUse
 class Prompt:
     """One prompt, tokenized: `text` is what `echo` repeats (None for token-id prompts).
     `block_hashes` are its full blocks' hashes for workers without a revision label; a
-    labelled worker's blocks hash the revision too (`hashes_for`)."""
+    labelled worker's blocks hash the revision too (`hashes_for`). `token_ids_json`: the
+    ids as the JSON the decode node is sent, encoded with the rest of the preprocessing,
+    off the event loop (a long prompt's ids take tens of ms to encode; None: encode them
+    when sent)."""
 
     token_ids: list[int]
     text: str | None
     block_hashes: tuple[int, ...]
     cache_salt: str | None = None
+    token_ids_json: str | None = field(default=None, compare=False, repr=False)
     _by_revision: dict[str, tuple[int, ...]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -153,7 +157,8 @@ class Preprocessor:
                 "prompt",
             )
         hashes = hash_blocks(token_ids, limits.block_size, block_extra_keys("", cache_salt))
-        return Prompt(token_ids, text, tuple(hashes), cache_salt)
+        ids_json = json.dumps(token_ids, separators=(",", ":"))
+        return Prompt(token_ids, text, tuple(hashes), cache_salt, ids_json)
 
     def _check_ids(self, token_ids: list[int], param: str) -> None:
         vocab = self.limits.vocab_size

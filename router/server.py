@@ -40,6 +40,7 @@ def build_router(args: argparse.Namespace) -> Router:
         args.max_attempts,
         args.health_timeout,
         args.worker_read_timeout,
+        args.cpu_workers,
     )
     metrics = RouterMetrics(CollectorRegistry(), name, pod)
     tracing = Tracing("tandem-router", args.otlp_traces_endpoint)

@@ -25,6 +25,7 @@ from tests.bench_run import run_bench
         ("calibrate.py", ["steps timed: ", "fit: overhead", "median error"]),
         ("tp_transfer.py", ["| 1 -> 2 | 2.00 | 512 |", "| 2 -> 1 | 2.00 | 512 |"]),
         ("burst_phases.py", ["| burst | queue ms | remote_prefill ms | kv_transfer ms", "| 0 |"]),
+        ("router_loop.py", ["nproc ", "2 streams alone", "2 streams with "]),
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):

@@ -9,6 +9,7 @@ import json
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tandem.router.cpu_pool import CpuPool
 from tandem.router.dispatch import Job
 from tandem.router.errors import InvalidRequest, TooManyRequests
 from tandem.router.generation import Generation, GenerationRunner
@@ -30,6 +31,7 @@ def test_choices_in_flight_count_against_max_inflight():
         ScriptedDispatcher([[record(1), HANG]] * 4),
         RouterMetrics(CollectorRegistry(), "m", "router-0"),
         max_inflight=4,
+        cpu=CpuPool(1),
     )
 
     async def go() -> None:
@@ -47,7 +49,7 @@ def test_choices_in_flight_count_against_max_inflight():
 
 def test_a_request_with_more_choices_than_max_inflight_is_a_400_not_a_429():
     runner = GenerationRunner(
-        ScriptedDispatcher([]), RouterMetrics(CollectorRegistry(), "m", "router-0"), max_inflight=4
+        ScriptedDispatcher([]), RouterMetrics(CollectorRegistry(), "m", "router-0"), 4, CpuPool(1)
     )
     with pytest.raises(InvalidRequest) as caught:
         asyncio.run(runner.respond(lambda: generation(5), False, Connected(), num_choices=5))

@@ -11,6 +11,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from tandem.router.cpu_pool import CpuPool
 from tandem.router.dispatch import Job, StreamBroken
 from tandem.router.errors import Unavailable, UpstreamFailed
 from tandem.router.generation import Generation, GenerationRunner
@@ -54,7 +55,7 @@ class Connected:
 def run(scripts: list[list], stream: bool) -> tuple[RouterMetrics, object]:
     """One generation of len(scripts) choices; (metrics, the response or the APIError)."""
     metrics = RouterMetrics(CollectorRegistry(), "m", "router-0")
-    runner = GenerationRunner(ScriptedDispatcher(scripts), metrics, max_inflight=4)
+    runner = GenerationRunner(ScriptedDispatcher(scripts), metrics, 4, CpuPool(1))
     jobs = [Job(f"r-{i}", None, {}) for i in range(len(scripts))]
 
     def build() -> Generation:

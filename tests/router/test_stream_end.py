@@ -9,6 +9,7 @@ import json
 
 from prometheus_client import CollectorRegistry
 
+from tandem.router.cpu_pool import CpuPool
 from tandem.router.dispatch import Job
 from tandem.router.generation import Generation, GenerationRunner
 from tandem.router.metrics import RouterMetrics
@@ -27,7 +28,7 @@ def text_record(text: str, finish: str | None = None) -> dict:
 def stream_chunks(fmt, texts: list[str]) -> list[str]:
     records = [text_record(t) for t in texts[:-1]] + [text_record(texts[-1], "stop")]
     runner = GenerationRunner(
-        ScriptedDispatcher([records]), RouterMetrics(CollectorRegistry(), "m", "r"), 4
+        ScriptedDispatcher([records]), RouterMetrics(CollectorRegistry(), "m", "r"), 4, CpuPool(1)
     )
 
     def build() -> Generation:
