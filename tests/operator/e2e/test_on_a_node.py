@@ -282,15 +282,7 @@ def test_a_deleted_decode_pod_is_replaced_and_adopted(ready):
     error event once tokens were sent; none hangs); while no decode pod is ready the router
     stays in its Service and answers 503 with Retry-After (no refused connection); then it
     drops the pod and serves on its replacement."""
-    (old,) = ready.current("decode")
-    with StreamLoad(ready.router_url()) as load:
-        assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
-        started = time.monotonic()
-        ready.delete_pod(old)
-        assert wait_until(lambda: _adopted(ready, "decode", old), timeout=START_S)
-        adopted_s = time.monotonic() - started
-        served = load.count()
-        assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+    load, adopted_s = _replaced_under_load(ready, "decode")
     documented = ("no decode worker is available", "decode worker failed mid-stream")
     undocumented = [o for o in load.failures() if not any(d in o.error for d in documented)]
     assert undocumented == [], undocumented[:3]
@@ -304,15 +296,7 @@ def test_a_deleted_decode_pod_is_replaced_and_adopted(ready):
 def test_a_deleted_prefill_pod_is_replaced_with_no_failed_request(ready):
     """`kubectl delete pod`: the pod drains (its endpoint gone, requests it holds finish)
     while its replacement starts; the router adopts the replacement, no request fails."""
-    (old,) = ready.current("prefill")
-    with StreamLoad(ready.router_url()) as load:
-        assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
-        started = time.monotonic()
-        ready.delete_pod(old)
-        assert wait_until(lambda: _adopted(ready, "prefill", old), timeout=START_S)
-        adopted_s = time.monotonic() - started
-        served = load.count()
-        assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+    load, adopted_s = _replaced_under_load(ready, "prefill")
     assert load.failures() == [], load.failures()[:3]
     report("prefill_pod_deleted", {"adopted_s": round(adopted_s, 1), "requests": load.count()})
 
@@ -339,6 +323,21 @@ def test_a_killed_prefill_pod_makes_decode_fall_back(ready):
         "fallbacks": fallbacks() - before["fallbacks"], "local_prefills": local() - before["local"],
         "requests": load.count(),
     })  # fmt: skip
+
+
+def _replaced_under_load(ready: Served, role: str) -> tuple[StreamLoad, float]:
+    """The role's one pod deleted under 8 streams: the load, once a replacement is adopted
+    and 8 more requests ended, and the seconds from the deletion to the adoption."""
+    (old,) = ready.current(role)
+    with StreamLoad(ready.router_url()) as load:
+        assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
+        started = time.monotonic()
+        ready.delete_pod(old)
+        assert wait_until(lambda: _adopted(ready, role, old), timeout=START_S)
+        adopted_s = time.monotonic() - started
+        served = load.count()
+        assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+    return load, adopted_s
 
 
 def _adopted(ready: Served, role: str, old: dict) -> bool:
