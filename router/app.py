@@ -22,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tandem.engine import request_log
 from tandem.engine.node_server import KEEP_ALIVE_S as NODE_KEEP_ALIVE_S
-from tandem.engine.node_server import add_validation_handler
+from tandem.engine.node_server import add_http_error_handler, add_validation_handler
 from tandem.engine.structured_outputs import StructuredOutputsParams
 from tandem.engine.tracing import Tracing
 from tandem.router.cpu_pool import DEFAULT_WORKERS, CpuPool
@@ -88,6 +88,7 @@ class Router:
         self.app = FastAPI(title="Tandem router", lifespan=self._lifespan)
         self.app.add_middleware(AuthAndCount, router=self)
         add_validation_handler(self.app)
+        add_http_error_handler(self.app)
         self._add_routes()
 
     @contextlib.asynccontextmanager

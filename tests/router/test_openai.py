@@ -267,6 +267,16 @@ def test_malformed_json_is_400_and_unknown_model_404(client, serve):
         client.completions.create(model=MODEL, prompt="word " * 600, max_tokens=2)
 
 
+def test_unknown_routes_and_wrong_methods_answer_in_the_apis_error_shape(serve):
+    """Not FastAPI's `{"detail": ...}`: an OpenAI client reads the message either way."""
+    missing = httpx.get(f"{serve.url}/v1/nope", timeout=HANG_S)
+    assert missing.status_code == 404
+    assert missing.json()["error"]["type"] == "not_found_error"
+    wrong = httpx.post(f"{serve.url}/v1/models", json={}, timeout=HANG_S)
+    assert wrong.status_code == 405 and "GET" in wrong.headers["allow"]
+    assert wrong.json()["error"]["code"] == 405
+
+
 def test_router_hashes_match_the_nodes_and_the_index_finds_prefixes(client, serve, tokenizer):
     prompt = "A shared system prompt that is long enough to fill several KV blocks. " * 4
     ids = tokenizer.encode(prompt)
