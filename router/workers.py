@@ -120,15 +120,30 @@ class WorkerPool:
         self.served = False
 
     def update(self, addresses: list[WorkerAddress]) -> tuple[list[str], list[str]]:
-        """Set the known workers to `addresses`; returns the URLs (added, removed)."""
+        """Set the known workers to `addresses`; returns the URLs (added, removed).
+
+        A healthy worker that discovery no longer lists stays while no other worker of its
+        role is healthy: in a rollout, one discovery round can both drop the old pod (now
+        draining, still serving) and add its replacement (not yet health-checked); without
+        this, requests in between found no decode worker. It goes once another of its role
+        is healthy, or when its own health checks fail."""
         wanted = {a.url: a for a in addresses}
-        removed = [url for url, w in self.workers.items() if wanted.get(url) != w.address]
+        gone = [url for url, w in self.workers.items() if wanted.get(url) != w.address]
+        removed = [url for url in gone if url in wanted or not self._last_healthy(url, gone)]
         for url in removed:
             del self.workers[url]
         added = [url for url in wanted if url not in self.workers]
         for url in added:
             self.workers[url] = WorkerState(wanted[url])
         return added, removed
+
+    def _last_healthy(self, url: str, gone: list[str]) -> bool:
+        """`url` is healthy and no worker of its role that stays is."""
+        worker = self.workers[url]
+        role = worker.address.role
+        return worker.healthy and not any(
+            w.healthy and w.address.role == role and u not in gone for u, w in self.workers.items()
+        )
 
     def health_ok(self, url: str, info: dict[str, Any]) -> bool:
         """Record a good /health; returns whether the worker restarted (a new agent)."""

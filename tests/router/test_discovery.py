@@ -42,6 +42,23 @@ def test_static_discovery_and_pool_updates():
     )
 
 
+def test_a_departing_worker_stays_until_another_of_its_role_is_healthy():
+    """A rollout's discovery round drops the old decode pod (draining) and adds the new one
+    (unchecked) at once: the old one serves until the new one is healthy, or until its own
+    health checks fail."""
+    pool = WorkerPool()
+    info = {"role": "decode", "agent": "decode-a", "revision": "r1"}
+    pool.update([WorkerAddress("http://old:1", "decode")])
+    pool.health_ok("http://old:1", info)
+    assert pool.update([WorkerAddress("http://new:1", "decode")]) == (["http://new:1"], [])
+    assert [v.url for v in pool.snapshot({})[1]] == ["http://old:1"]
+    pool.health_ok("http://new:1", {**info, "agent": "decode-b"})
+    assert pool.update([WorkerAddress("http://new:1", "decode")]) == ([], ["http://old:1"])
+    # a departing worker that fails its checks goes too, replacement or not
+    pool.health_failed("http://new:1", eject=True)
+    assert pool.update([]) == ([], ["http://new:1"])
+
+
 def test_health_ejects_after_failures_and_brings_back():
     pool = WorkerPool()
     pool.update([WorkerAddress("http://d:2", "decode")])

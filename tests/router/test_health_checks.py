@@ -98,12 +98,15 @@ def test_worker_health_series_follow_the_pool_and_a_router_without_decode_reads_
     text = generate_latest(metrics.registry).decode()
     assert metric_value(text, "tandem_router_worker_healthy", worker=old) == 1
 
-    pool.update([WorkerAddress(new, "decode")])  # the pod replaced, not yet healthy
+    pool.update([WorkerAddress(new, "decode")])  # replaced: old stays until new is healthy
+    pool.health_ok(new, {"role": "decode", "agent": "b"})
+    pool.update([WorkerAddress(new, "decode")])  # now old goes
     metrics.observe_workers(pool.workers.values())
     text = generate_latest(metrics.registry).decode()
     assert f'worker="{old}"' not in text
-    assert metric_value(text, "tandem_router_worker_healthy", worker=new) == 0
+    assert metric_value(text, "tandem_router_worker_healthy", worker=new) == 1
 
+    pool.health_failed(new, eject=True)
     pool.update([])
     metrics.observe_workers(pool.workers.values())
     text = generate_latest(metrics.registry).decode()
