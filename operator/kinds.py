@@ -38,6 +38,7 @@ DEPLOYMENT = Kind("apps/v1", "Deployment", "deployments")
 HPA = Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
 JOB = Kind("batch/v1", "Job", "jobs")
 POD = Kind("v1", "Pod", "pods")  # only listed: a failed model download's messages
+SECRET = Kind("v1", "Secret", "secrets")  # only created: the deployment's token
 
 # Every kind render() may produce, in apply order (the ConfigMap and the router's identity
 # before the pods that mount or use them).
@@ -85,4 +86,5 @@ def permissions() -> set[tuple[str, str, str]]:
     # read back: Deployments for status, the model cache's Job before the Deployments
     needed |= {(kind.group, kind.plural, "get") for kind in (DEPLOYMENT, JOB)}
     needed.add((POD.group, POD.plural, "list"))
+    needed.add((SECRET.group, SECRET.plural, "create"))
     return needed | ROUTER_PERMISSIONS

@@ -38,6 +38,14 @@ def child_name(deployment: str, role: str) -> str:
     return f"{deployment}-{role}"
 
 
+TOKEN_KEY = "token"  # the key of the deployment's token in its Secret
+
+
+def token_secret_name(deployment: str) -> str:
+    """The Secret holding the deployment's token (operator/token_secret.py)."""
+    return child_name(deployment, "token")
+
+
 def selector(deployment: str, role: str) -> dict[str, str]:
     """The immutable label selector of one role's pods (never includes the revision)."""
     return {DEPLOYMENT_LABEL: deployment, ROLE_LABEL: role}

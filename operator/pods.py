@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from tandem.engine.deployment_token import ENV as TOKEN_ENV
 from tandem.operator.download import TOKENIZER_PATTERNS, download_container
 from tandem.operator.engine_config import model_dir
 from tandem.operator.hardening import container_security_context, pod_security_context
@@ -20,10 +21,12 @@ from tandem.operator.names import (
     NIXL_PORT_RANGE,
     POD_VOLUMES,
     REVISION_LABEL,
+    TOKEN_KEY,
     ZMQ_PORT,
     child_name,
     labels,
     selector,
+    token_secret_name,
 )
 from tandem.operator.pod_overrides import PodOverrides
 from tandem.operator.spec import LLMDeploymentSpec, RoleSpec
@@ -115,6 +118,7 @@ def _env(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
         {"name": "XDG_CACHE_HOME", "value": "/tmp/cache"},
         {"name": "HF_HOME", "value": "/tmp/huggingface"},
         {"name": "HF_HUB_OFFLINE", "value": "1"},
+        _secret_env(TOKEN_ENV, token_secret_name(spec.name), TOKEN_KEY),
     ]
     if role == "router":
         if (key := spec.router.api_key) is not None:

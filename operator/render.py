@@ -48,7 +48,7 @@ def render_spec(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
         objects += _role_objects(spec, role, rev, config_hash)
     if spec.pod_monitor is not None:
         objects.append(_pod_monitor(spec))
-    return [_owned(obj, spec) for obj in objects]
+    return [owned(obj, spec) for obj in objects]
 
 
 def active_roles(spec: LLMDeploymentSpec) -> list[str]:
@@ -102,7 +102,8 @@ def _pod_monitor(spec: LLMDeploymentSpec) -> dict[str, Any]:
     }
 
 
-def _owned(obj: dict[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+def owned(obj: dict[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:
+    """`obj` in the resource's namespace, controlled by it (deleted with it)."""
     meta = obj["metadata"] = {
         "name": obj["metadata"]["name"], "namespace": spec.namespace, **obj["metadata"]
     }  # fmt: skip

@@ -39,6 +39,10 @@ app.kubernetes.io/component: operator
 - apiGroups: [""]
   resources: [configmaps, persistentvolumeclaims, serviceaccounts, services]
   verbs: [create, patch, list, delete]
+# the deployment's token: created once, never read (the operator can read no Secret)
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
 # a failed model download's error is in its pods' termination messages
 - apiGroups: [""]
   resources: [pods]
