@@ -15,10 +15,16 @@ from contextlib import contextmanager
 
 import httpx
 
+from tandem.engine.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.deployment_token import DeploymentToken
+
 
 @contextmanager
 def local_serve(command: list[str], base: str, num_workers: int) -> Iterator[subprocess.Popen]:
-    """`command` (a `tandem serve` with one torch thread per node) serving at `base`, ready."""
+    """`command` (a `tandem serve` with one torch thread per node) serving at `base`, ready.
+    Its deployment token is this process's `$TANDEM_AUTH_TOKEN`, made here when unset, so
+    that `node_headers()` open the nodes' debug views."""
+    os.environ.setdefault(TOKEN_ENV, DeploymentToken.generate().value)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
@@ -32,6 +38,11 @@ def local_serve(command: list[str], base: str, num_workers: int) -> Iterator[sub
         finally:
             proc.terminate()
             proc.wait(60)
+
+
+def node_headers() -> dict[str, str]:
+    """What a call to a node's control or debug routes bears (see `local_serve`)."""
+    return DeploymentToken.from_env().headers()
 
 
 def wait_ready(base: str, proc: subprocess.Popen, log, num_workers: int) -> None:

@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for tests.disagg.nodes
 
 from forward_probe import forward_cpu
-from local_serve import local_serve, worker_entries
+from local_serve import local_serve, node_headers, worker_entries
 from machine import describe_host
 from proc_stats import cpu_seconds, host_busy, thread_seconds, time_slice
 from replay_client import refused, replay, sent_only
@@ -352,7 +352,9 @@ def last_step_seqs(base: str) -> dict[str, int]:
     out = {}
     for w in worker_entries(httpx.get(f"{base}/workers", timeout=10).json()):
         # a step number no node reaches: only the last seq comes back
-        reply = httpx.get(f"{w['url']}/debug/steps", params={"since": 2**62}, timeout=10)
+        reply = httpx.get(
+            f"{w['url']}/debug/steps", params={"since": 2**62}, timeout=10, headers=node_headers()
+        )
         out[w["url"]] = reply.json()["last"]
     return out
 
@@ -363,7 +365,9 @@ def node_steps(base: str, since: dict[str, int]) -> dict[str, tuple[str, list[di
     out = {}
     for w in worker_entries(httpx.get(f"{base}/workers", timeout=10).json()):
         first = since.get(w["url"], 0)
-        reply = httpx.get(f"{w['url']}/debug/steps", params={"since": first}, timeout=10).json()
+        reply = httpx.get(
+            f"{w['url']}/debug/steps", params={"since": first}, timeout=10, headers=node_headers()
+        ).json()
         steps = reply["steps"]
         assert not steps or steps[0]["seq"] == first + 1, f"{w['url']} dropped steps"
         out[w["url"]] = (w["role"], steps)

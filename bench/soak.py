@@ -160,7 +160,7 @@ async def soak(args: argparse.Namespace, serve: Serve) -> tuple[Run, Ledger]:
         events = await kills
         probes = [await bounded(http, url, s, args) for s in probe_specs(args)]
         workers = await workers_of(http, serve.url)
-        settled = await settle(http, workers, args.settle_timeout)
+        settled = await settle(http, workers, args.settle_timeout, serve.token.headers())
         scraper.cancel()
         await ledger.scrape_all(workers)
         await ledger.scrape_router(serve.url)

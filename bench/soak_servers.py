@@ -17,6 +17,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tandem.engine.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.ports import free_port
 
 
@@ -35,9 +37,10 @@ class Serve:
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         self.cmd = cmd
         self.proc: subprocess.Popen | None = None
+        self.token = DeploymentToken.generate()  # its nodes' debug views answer only it
 
     def start(self) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", TOKEN_ENV: self.token.value}
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
 
@@ -151,9 +154,9 @@ async def workers_of(http: httpx.AsyncClient, router: str) -> list[dict]:
     return (await http.get(f"{router}/workers", timeout=10)).json()
 
 
-async def census(http: httpx.AsyncClient, url: str) -> dict:
+async def census(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> dict:
     try:
-        r = await http.get(f"{url}/debug/kv", timeout=10)
+        r = await http.get(f"{url}/debug/kv", timeout=10, headers=headers)
         return r.json() if r.status_code == 200 else {"error": r.text[:200]}
     except (httpx.HTTPError, ValueError) as exc:
         return {"error": repr(exc)[:200]}
@@ -169,11 +172,13 @@ def balanced(c: dict) -> bool:
     )
 
 
-async def settle(http: httpx.AsyncClient, workers: list[dict], timeout: float) -> dict:
-    """Poll every node's census until all balance (or `timeout`)."""
+async def settle(
+    http: httpx.AsyncClient, workers: list[dict], timeout: float, headers: dict[str, str]
+) -> dict:
+    """Poll every node's census (bearing `headers`) until all balance (or `timeout`)."""
     start = time.monotonic()
     while True:
-        found = await asyncio.gather(*(census(http, w["url"]) for w in workers))
+        found = await asyncio.gather(*(census(http, w["url"], headers) for w in workers))
         censuses = {w["url"]: {"role": w["role"], **c} for w, c in zip(workers, found)}
         ok = all(balanced(c) for c in found)
         waited = time.monotonic() - start

@@ -152,7 +152,7 @@ def bench_ttft(model: Path, repeat: int) -> list[dict]:
                 "prefill": p.endpoint,
                 "sampling": {"max_tokens": 2, "temperature": 0, "ignore_eos": True},
             }
-            with client.stream("POST", f"{d.url}/generate", json=body) as r:
+            with client.stream("POST", f"{d.url}/generate", json=body, headers=d.headers) as r:
                 for line in r.iter_lines():
                     if first is None:
                         first, timings = time.perf_counter() - start, line

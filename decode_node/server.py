@@ -13,17 +13,17 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
 
+import msgspec
 import zmq
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
-from pydantic import AfterValidator, BaseModel, Field
 
-from tandem.decode_node.prefill_client import PrefillClient, check_endpoint
+from tandem.decode_node.prefill_client import PrefillClient
 from tandem.decode_node.worker import DecodeOptions, DecodeWorker, DuplicateRequest, GenerateInput
 from tandem.engine import request_log, tracing
+from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.heartbeat import Heartbeat
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import (
@@ -34,27 +34,18 @@ from tandem.engine.node_core import (
 )
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.node_server import NodeServer, error_body
+from tandem.engine.wire import (
+    ProtocolMismatch,
+    decode_abort,
+    decode_generate,
+    error_message,
+    error_param,
+)
 
 logger = logging.getLogger(__name__)
 
 _REMOTE_POLL_MS = 1  # NIXL notifications have no file descriptor: poll while waiting
 _IDLE_POLL_MS = 100
-
-
-Endpoint = Annotated[str, AfterValidator(check_endpoint)]
-
-
-class GenerateBody(BaseModel):
-    request_id: str = Field(min_length=1)
-    token_ids: list[int]
-    sampling: dict[str, Any] = {}
-    prefill: Endpoint | None = None
-    prefill_alternates: list[Endpoint] = []
-    cache_salt: str | None = None
-
-
-class AbortBody(BaseModel):
-    request_id: str
 
 
 class DecodeLoop:
@@ -70,13 +61,16 @@ class DecodeLoop:
         host: str,
         pub_port: int,
         traces: tracing.Tracing | None = None,
+        token: DeploymentToken | None = None,
     ) -> None:
         self.core = core
         self.loop = loop
         self.context = zmq.Context()
         self.poller = zmq.Poller()
         self.poller.register(loop.wake_fd, zmq.POLLIN)
-        self.client = PrefillClient(self.context, self.poller)
+        self.client = PrefillClient(
+            self.context, self.poller, core.fingerprint, token or DeploymentToken(), core.metrics
+        )
         self.publisher = KVEventPublisher(self.context, host, pub_port, core.agent.name)
         self.worker = DecodeWorker(core, self.client, core.tokenizer, options, traces)
 
@@ -119,15 +113,21 @@ def add_decode_routes(server: NodeServer) -> None:
     app = server.app
 
     @app.post("/generate")
-    async def generate(body: GenerateBody, http: HttpRequest) -> Response:
+    async def generate(http: HttpRequest) -> Response:
+        try:
+            body = decode_generate(await http.body())
+        except msgspec.DecodeError as exc:
+            return _refuse_body(server, exc)
         if (busy := server.not_ready()) is not None:
             return busy
+        worker: DecodeWorker = server.worker.worker
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict] = asyncio.Queue()
-        worker: DecodeWorker = server.worker.worker
         log_id = request_log.clean(http.headers.get(request_log.HEADER))
-        trace = tracing.from_headers(http.headers)
-        inp = GenerateInput(**body.model_dump(), log_id=log_id, trace=trace)
+        inp = GenerateInput(
+            body.request_id, body.token_ids, body.sampling, body.prefill,
+            body.prefill_alternates, body.cache_salt, log_id, tracing.from_headers(http.headers),
+        )  # fmt: skip
         try:
             with request_log.request_context(log_id):
                 await server.call(lambda: worker.add(inp, _sink(loop, queue)))
@@ -140,12 +140,25 @@ def add_decode_routes(server: NodeServer) -> None:
         )
 
     @app.post("/abort")
-    async def abort(body: AbortBody) -> Response:
+    async def abort(http: HttpRequest) -> Response:
+        try:
+            body = decode_abort(await http.body())
+        except msgspec.DecodeError as exc:
+            return _refuse_body(server, exc)
         if (busy := server.not_ready()) is not None:
             return busy
         worker: DecodeWorker = server.worker.worker
         found = await server.call(lambda: worker.abort(body.request_id))
         return JSONResponse({"aborted": found})
+
+
+def _refuse_body(server: NodeServer, exc: msgspec.DecodeError) -> Response:
+    """400 naming the field, for a body that is not the wire schema's; counted by reason
+    (one of another protocol version apart) once the node's metrics exist."""
+    if (m := server.metrics()) is not None:
+        reason = "protocol" if isinstance(exc, ProtocolMismatch) else "undecodable"
+        m.child(m.refused_inputs, reason=reason).inc()
+    return error_body(error_message(exc), 400, param=error_param(exc))
 
 
 def _sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
@@ -176,6 +189,7 @@ def run(args: argparse.Namespace) -> None:
     identity = NodeIdentity.of(args, "decode")
     registry = CollectorRegistry()
     traces = tracing.Tracing("tandem-decode", args.otlp_traces_endpoint)
+    token = DeploymentToken.from_env()
     options = DecodeOptions(
         args.remote_prefill_threshold,
         args.on_prefill_failure,
@@ -192,7 +206,7 @@ def run(args: argparse.Namespace) -> None:
             args.remote_prefill_threshold,
             record_events=config.cache.enable_prefix_caching,
         )
-        decode_loop = DecodeLoop(core, loop, options, args.host, args.zmq_port, traces)
+        decode_loop = DecodeLoop(core, loop, options, args.host, args.zmq_port, traces, token)
         logger.info(
             "decode node: agent %s, KV events on port %d",
             core.agent.name,
@@ -200,7 +214,8 @@ def run(args: argparse.Namespace) -> None:
         )
         return decode_loop
 
-    server = NodeServer(build, registry, Heartbeat(args.engine_stall_timeout), args.debug_endpoints)
+    heartbeat = Heartbeat(args.engine_stall_timeout)
+    server = NodeServer(build, registry, heartbeat, args.debug_endpoints, token)
     add_decode_routes(server)
     try:
         server.serve(args.host, args.http_port, args.log_level)

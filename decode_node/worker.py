@@ -46,7 +46,7 @@ from tandem.engine.node_core import NodeCore
 from tandem.engine.prefill_failover import ABORT_RESEND_S, DecodeOptions, PrefillFailover
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampler import skip_draw
-from tandem.engine.sampling_params import SamplingParams, split_known_fields
+from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import RemoteHold, remote_hold_key
 from tandem.engine.tracing import Tracing
 
@@ -68,7 +68,7 @@ class GenerateInput:
 
     request_id: str
     token_ids: list[int]
-    sampling: dict[str, Any] = field(default_factory=dict)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     prefill: str | None = None
     prefill_alternates: list[str] = field(default_factory=list)
     cache_salt: str | None = None
@@ -81,7 +81,7 @@ class Stream:
     request: Request
     sink: Sink
     detok: IncrementalDetokenizer
-    sampling: dict[str, Any]  # with the effective seed, as sent to prefill workers
+    sampling: SamplingParams  # with the effective seed, as sent to prefill workers
     arrival: float
     admitted: float | None = None
     last_token: float | None = None
@@ -121,7 +121,7 @@ class DecodeWorker:
         """Validate and queue; raises ValueError (nothing changed) for a bad request,
         DuplicateRequest for an id still live here."""
         self._check_new_id(inp.request_id)
-        params = self._sampling(inp)
+        params = inp.sampling
         if params.n != 1:
             raise ValueError("n must be 1 at a decode node (the router fans out)")
         config = self.core.config
@@ -147,7 +147,7 @@ class DecodeWorker:
             request,
             sink,
             detok,
-            dataclasses.asdict(params),
+            params,
             time.monotonic(),
             log_id=inp.log_id,
             span=self._request_span(inp),
@@ -173,23 +173,6 @@ class DecodeWorker:
         m = self.core.metrics
         m.child(m.refused_inputs, reason="duplicate_id").inc()
         raise DuplicateRequest(f"request id {request_id!r} {detail}")
-
-    def _sampling(self, inp: GenerateInput) -> SamplingParams:
-        """The request's sampling parameters; fields this node does not know are ignored,
-        logged and counted (a newer router's, during a rolling upgrade). ValueError for an
-        invalid value."""
-        known, unknown = split_known_fields(inp.sampling)
-        if unknown:
-            with request_log.request_context(inp.log_id):
-                logger.warning(
-                    "request %s: ignoring unknown sampling fields %s", inp.request_id, unknown[:5]
-                )
-            m = self.core.metrics
-            m.child(m.refused_inputs, reason="unknown_sampling_field").inc()
-        try:
-            return SamplingParams(**known)
-        except TypeError as exc:  # a value of the wrong type, compared or converted
-            raise ValueError(f"invalid sampling parameters: {exc}") from exc
 
     def _request_span(self, inp: GenerateInput) -> Any:
         """The request's span here, a child of the router's (None when tracing is off)."""

@@ -7,10 +7,12 @@ and KV layout travel inside every prefill request (a few hundred bytes), so a re
 prefill node needs no handshake, and an agent name carries a boot id, so a restarted node
 is a new agent that nobody mistakes for the dead one.
 
-Control messages are msgspec structs, msgpack on the wire: `PrefillRequest` and
-`AbortPrefill` go decode -> prefill over ZMQ DEALER/ROUTER; `PrefillFailed` and `AbortAck`
-come back on the same socket; `PrefillDone` is a NIXL notification, sent once every write of
-the request has completed, so it always arrives after the data.
+Control messages are msgspec structs, msgpack on the wire: on a new connection the decode
+node first greets (`engine.wire.Hello`, answered `Welcome` or `PairingRefused`); then
+`PrefillRequest` and `AbortPrefill` go decode -> prefill over ZMQ DEALER/ROUTER;
+`PrefillFailed` and `AbortAck` come back on the same socket; `PrefillDone` is a NIXL
+notification, sent once every write of the request has completed, so it always arrives
+after the data.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import msgspec
 import torch
 
 from tandem.engine.request import TokenLogprobs
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.wire import Hello, PairingRefused, Welcome
 
 logger = logging.getLogger(__name__)
 
@@ -73,14 +77,14 @@ class WireLogprobs(msgspec.Struct, frozen=True):
 class PrefillRequest(msgspec.Struct, frozen=True, tag="prefill"):
     """Compute the prompt's KV and write blocks `skip_blocks:` into `dst_block_ids`.
 
-    `sampling` holds `SamplingParams` fields (with the effective seed) for the first token;
-    the prefill node never starts a write later than `deadline_s` after receiving this.
+    `sampling` is the request's, with its effective seed, for the first token; the prefill
+    node never starts a write later than `deadline_s` after receiving this.
     """
 
     request_id: str
     attempt: int
     token_ids: list[int]
-    sampling: dict[str, object]
+    sampling: SamplingParams
     skip_blocks: int
     dst_block_ids: list[int]
     agent: AgentInfo  # rank 0's: it receives `PrefillDone`
@@ -142,8 +146,8 @@ def from_wire(lp: WireLogprobs | None) -> TokenLogprobs | None:
     return TokenLogprobs(lp.token_id, lp.logprob, lp.rank, tuple((t, v) for t, v in lp.top))
 
 
-ToPrefill = PrefillRequest | AbortPrefill
-FromPrefill = PrefillFailed | AbortAck
+ToPrefill = PrefillRequest | AbortPrefill | Hello
+FromPrefill = PrefillFailed | AbortAck | Welcome | PairingRefused
 
 _encoder = msgspec.msgpack.Encoder()
 _to_prefill = msgspec.msgpack.Decoder(ToPrefill)

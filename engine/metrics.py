@@ -19,9 +19,13 @@ FALLBACK_REASONS = ("error", "disconnected", "unreachable", "timeout")
 DISAGG_DECISIONS = ("local", "remote")
 # What a node refuses (or partly ignores) at its boundary, by role (docs/security.md).
 REFUSAL_REASONS = {
-    "prefill": ("invalid", "peer", "error", "undecodable", "unknown_sampling_field"),
-    "decode": ("undecodable", "first_token", "duplicate_id", "unknown_sampling_field"),
+    "prefill": ("invalid", "peer", "error", "undecodable", "unpaired", "unauthenticated"),
+    "decode": ("undecodable", "first_token", "duplicate_id", "unauthenticated", "protocol"),
 }
+# Why two nodes would not pair (engine.wire.Fingerprint's fields, the token, the role).
+PAIRING_REFUSALS = (
+    "protocol", "model", "revision", "dtype", "block_size", "kv_layout", "token", "role",
+)  # fmt: skip
 # Tokens computed in one engine step (vLLM's iteration_tokens_total buckets).
 ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -74,6 +78,11 @@ class NodeMetrics:
             "Messages and requests a node refused, or partly ignored, at its boundary.",
             ("reason",),
         )
+        self.pairings_refused = self._counter(
+            "tandem_pairings_refused_total",
+            "Prefill-decode pairings refused at first contact, by the field that differed.",
+            ("reason",),
+        )
         self.iteration_tokens = Histogram(
             "tandem_iteration_tokens_total", "Tokens computed per engine step.",
             LABELS, registry=registry, buckets=ITERATION_BUCKETS,
@@ -87,6 +96,8 @@ class NodeMetrics:
         self.child(self.preemptions)
         for reason in REFUSAL_REASONS.get(role, ()):
             self.child(self.refused_inputs, reason=reason)
+        for reason in PAIRING_REFUSALS:
+            self.child(self.pairings_refused, reason=reason)
         if role == "prefill":
             for reason in TRANSFER_FAILURE_REASONS:
                 self.child(self.transfer_failures, reason=reason)

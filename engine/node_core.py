@@ -27,6 +27,7 @@ from tandem.engine.step_log import StepLog, StepWork, context_lens
 from tandem.engine.tokenizer import load_tokenizer
 from tandem.engine.tp_group import exit_process
 from tandem.engine.tracing import add_tracing_argument
+from tandem.engine.wire import PROTOCOL_VERSION, Fingerprint
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -184,6 +185,19 @@ class NodeCore:
 
     def load(self) -> Load:
         return load_of(self.scheduler)
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        """What a peer exchanging KV blocks with this node must share with it."""
+        model = self.config.model
+        return Fingerprint(
+            PROTOCOL_VERSION,
+            self.identity.model,
+            self.identity.revision,
+            str(self.config.dtype).removeprefix("torch."),
+            self.config.cache.block_size,
+            f"{model.num_layers}x2x{model.num_kv_heads}x{model.head_dim}",
+        )
 
     def kv_report(self) -> dict[str, object]:
         """Check every KV invariant (AssertionError if one fails) and return the census."""

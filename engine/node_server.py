@@ -1,7 +1,8 @@
 """Runs a node: the engine thread (it loads the model, then loops) beside a FastAPI app
 with the routes every node has: `/health` (ready: the model is loaded and the engine loop
 turns), `/health/live` (alive: loading, or the loop turns), `/metrics`, `/kv/snapshot`, and
-the debug views when turned on (`engine/debug_routes.py`)."""
+the debug views when turned on (`engine/debug_routes.py`). Every route but the health checks
+and `/metrics` answers only holders of the deployment's token (401 otherwise)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import uvicorn
-from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, FastAPI
+from fastapi import Request as HttpRequest
+from fastapi.exceptions import HTTPException, RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tandem.engine.debug_routes import add_debug_routes
+from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.heartbeat import Heartbeat
 from tandem.engine.kv_events import KVEventPublisher
 from tandem.engine.node_core import NodeCore
@@ -61,7 +64,13 @@ def add_validation_handler(app: FastAPI) -> None:
         return error_body(detail, 400, param=param or None)
 
 
-_HTTP_ERROR_KINDS = {404: "not_found_error", 405: "invalid_request_error"}
+_HTTP_ERROR_KINDS = {
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+}
+# What anyone who reaches the port may read: kubelet probes and Prometheus hold no token.
+PUBLIC_PATHS = frozenset({"/health", "/health/live", "/metrics"})
 
 
 def add_http_error_handler(app: FastAPI) -> None:
@@ -95,9 +104,25 @@ class Worker(Protocol):
     def close(self) -> None: ...
 
 
+def token_check(token: DeploymentToken, metrics: Callable[[], Any]) -> Callable[..., None]:
+    """A FastAPI dependency: 401 for a request to a non-public path that does not bear
+    `token`, counted in `tandem_refused_inputs_total{reason="unauthenticated"}` once
+    `metrics()` (the node's, None while loading) exists."""
+
+    async def check(request: HttpRequest) -> None:
+        if request.url.path in PUBLIC_PATHS or token.admits(request.headers.get("authorization")):
+            return
+        if (m := metrics()) is not None:
+            m.child(m.refused_inputs, reason="unauthenticated").inc()
+        raise HTTPException(401, "the deployment token is required (Authorization: Bearer)")
+
+    return check
+
+
 class NodeServer:
     """Owns the engine thread and the app. `build(loop)` makes the worker on that thread;
-    the thread beats `heartbeat` at every turn of its loop."""
+    the thread beats `heartbeat` at every turn of its loop; `token` guards every route but
+    the public ones (off when empty)."""
 
     def __init__(
         self,
@@ -105,6 +130,7 @@ class NodeServer:
         registry: CollectorRegistry,
         heartbeat: Heartbeat | None = None,
         debug_endpoints: bool = False,
+        token: DeploymentToken | None = None,
     ) -> None:
         self.build = build
         self.registry = registry
@@ -113,9 +139,14 @@ class NodeServer:
         self.worker: Worker | None = None
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        self.app = FastAPI(lifespan=self._lifespan)
+        check = token_check(token or DeploymentToken(), self.metrics)
+        self.app = FastAPI(lifespan=self._lifespan, dependencies=[Depends(check)])
         self._add_routes()
         add_debug_routes(self, debug_endpoints)
+
+    def metrics(self) -> Any:
+        """The node's `NodeMetrics`; None while the model loads."""
+        return self.worker.core.metrics if self.worker is not None else None
 
     def not_ready(self) -> Response | None:
         """The 503 to answer while the model is loading, or None once it is ready."""

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
 from tandem.engine.structured_outputs import StructuredOutputsParams
 
@@ -89,7 +87,7 @@ class SamplingParams:
             ),
             (all(s for s in self.stop), "stop strings must not be empty"),
         ]
-        for name in ("seed", "top_k", "max_tokens", "min_tokens", "logprobs"):
+        for name in ("n", "seed", "top_k", "max_tokens", "min_tokens", "logprobs"):
             value = getattr(self, name)
             # these travel as msgpack/int64 and seed torch generators
             checks.append(
@@ -112,13 +110,3 @@ class SamplingParams:
     @property
     def needs_filters(self) -> bool:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
-
-
-def split_known_fields(sampling: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Sampling parameters from another process, split into `SamplingParams`' own fields
-    and the sorted names of the others. Nodes ignore the others (and say so): during a
-    rolling upgrade a newer router or decode node may send a field this node does not know
-    yet, and refusing would fail every request until the upgrade is done."""
-    names = {f.name for f in fields(SamplingParams)}
-    known = {k: v for k, v in sampling.items() if k in names}
-    return known, sorted(str(k) for k in sampling if k not in names)

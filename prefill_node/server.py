@@ -10,9 +10,10 @@ import msgspec
 import zmq
 from prometheus_client import CollectorRegistry
 
+from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.heartbeat import Heartbeat
 from tandem.engine.kv_events import KVEventPublisher
-from tandem.engine.kv_transfer import AbortPrefill, decode_to_prefill, encode
+from tandem.engine.kv_transfer import AbortPrefill, PrefillFailed, decode_to_prefill, encode
 from tandem.engine.node_core import (
     NodeCore,
     NodeIdentity,
@@ -22,6 +23,8 @@ from tandem.engine.node_core import (
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.node_server import NodeServer
 from tandem.engine.tracing import Tracing
+from tandem.engine.wire import Hello
+from tandem.prefill_node.pairings import Pairings
 from tandem.prefill_node.worker import PrefillWorker
 
 logger = logging.getLogger(__name__)
@@ -33,7 +36,8 @@ _IDLE_POLL_MS = 100
 
 class PrefillLoop:
     """One iteration: wait for input, run queued calls, read messages, step, poll writes,
-    publish KV events (routers steer shared prefixes to the worker that has them)."""
+    publish KV events (routers steer shared prefixes to the worker that has them). Work is
+    taken only from decode-node connections that paired (`Pairings`)."""
 
     def __init__(
         self,
@@ -43,6 +47,7 @@ class PrefillLoop:
         zmq_port: int,
         events_port: int,
         traces: Tracing | None = None,
+        token: DeploymentToken | None = None,
     ) -> None:
         self.core = core
         self.loop = loop
@@ -56,6 +61,7 @@ class PrefillLoop:
         self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(loop.wake_fd, zmq.POLLIN)
         self.worker = PrefillWorker(core, self._reply, traces)
+        self.pairings = Pairings(core.fingerprint, token or DeploymentToken(), core.metrics)
 
     def run_once(self) -> None:
         worker = self.worker
@@ -87,10 +93,24 @@ class PrefillLoop:
                 m = self.core.metrics
                 m.child(m.refused_inputs, reason="undecodable").inc()
                 continue
-            if isinstance(msg, AbortPrefill):
+            if isinstance(msg, Hello):
+                self._reply(peer, self.pairings.greet(peer, msg))
+            elif not self.pairings.admits(peer):
+                self._refuse_unpaired(peer, msg)
+            elif isinstance(msg, AbortPrefill):
                 self.worker.abort(peer, msg)
             else:
                 self.worker.submit(peer, msg)
+
+    def _refuse_unpaired(self, peer: bytes, msg: object) -> None:
+        """A request from a connection that never paired fails (its sender may be a decode
+        node whose connection was re-made: it greets again); an abort is dropped (only the
+        request's own decode node may end it)."""
+        m = self.core.metrics
+        m.child(m.refused_inputs, reason="unpaired").inc()
+        if not isinstance(msg, AbortPrefill):
+            logger.warning("request %s from an unpaired connection %r", msg.request_id, peer)
+            self._reply(peer, PrefillFailed(msg.request_id, msg.attempt, "unpaired"))
 
     def _reply(self, peer: bytes, msg: msgspec.Struct) -> None:
         try:
@@ -117,19 +137,22 @@ def run(args: argparse.Namespace) -> None:
     identity = NodeIdentity.of(args, "prefill")
     registry = CollectorRegistry()
     traces = Tracing("tandem-prefill", args.otlp_traces_endpoint)
+    token = DeploymentToken.from_env()
 
     def build(loop: NodeLoop) -> PrefillLoop:
         config = engine_args_from(args).create_config()
         core = NodeCore(
             config, identity, registry, record_events=config.cache.enable_prefix_caching
         )
-        prefill_loop = PrefillLoop(core, loop, args.host, args.zmq_port, args.events_port, traces)
+        prefill_loop = PrefillLoop(
+            core, loop, args.host, args.zmq_port, args.events_port, traces, token
+        )
         logger.info("prefill node: agent %s, ZMQ %s", core.agent.name, prefill_loop.ports())
         return prefill_loop
 
     try:
         NodeServer(
-            build, registry, Heartbeat(args.engine_stall_timeout), args.debug_endpoints
+            build, registry, Heartbeat(args.engine_stall_timeout), args.debug_endpoints, token
         ).serve(args.host, args.http_port, args.log_level)
     finally:
         traces.shutdown()

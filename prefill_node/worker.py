@@ -18,6 +18,7 @@ finished job's last writes for a bounded time (`LAST_WRITE_WAIT_SHARE` of a step
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
@@ -43,7 +44,6 @@ from tandem.engine.kv_transfer import (
 )
 from tandem.engine.node_core import NodeCore
 from tandem.engine.request import Request, RequestStatus
-from tandem.engine.sampling_params import SamplingParams, split_known_fields
 from tandem.engine.scheduler import SchedulerOutput, prefill_job_key
 from tandem.engine.step_event import StepEvent
 from tandem.engine.tracing import Tracing
@@ -160,7 +160,12 @@ class PrefillWorker:
         if time.time() - msg.sent_at > msg.deadline_s:
             raise ValueError("expired before it arrived")
         core = self.core
-        params = SamplingParams(**{**self._sampling(key, msg), "n": 1, "max_tokens": 1})
+        # one token (EOS still barred when min_tokens asks for one), and no stop strings:
+        # the decode node checks them on the whole text
+        min_tokens = min(msg.sampling.min_tokens, 1)
+        params = dataclasses.replace(
+            msg.sampling, n=1, max_tokens=1, min_tokens=min_tokens, stop=None
+        )
         remote = self._connect(msg)
         num_tokens = len(msg.token_ids)
         max_len = core.config.scheduler.max_model_len
@@ -190,16 +195,6 @@ class PrefillWorker:
             # the first token obeys the grammar too; D's matcher starts from the prompt
             request.grammar = core.grammars.matcher(params.structured_outputs)
         return request
-
-    def _sampling(self, key: str, msg: PrefillRequest) -> dict[str, Any]:
-        """The message's sampling fields this node knows; the others are ignored, logged
-        and counted (a newer decode node's, during a rolling upgrade)."""
-        known, unknown = split_known_fields(msg.sampling)
-        if unknown:
-            logger.warning("prefill %s: ignoring unknown sampling fields %s", key, unknown[:5])
-            m = self.core.metrics
-            m.child(m.refused_inputs, reason="unknown_sampling_field").inc()
-        return {**known, "stop": None}
 
     def _connect(self, msg: PrefillRequest) -> KVLayout:
         """Add the decode node's agents (and ranks); its KV layout. PeerRefused for

@@ -13,7 +13,7 @@ import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from fastapi import FastAPI, Request
@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tandem.engine import request_log
+from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.node_server import KEEP_ALIVE_S as NODE_KEEP_ALIVE_S
 from tandem.engine.node_server import add_http_error_handler, add_validation_handler
 from tandem.engine.structured_outputs import StructuredOutputsParams
@@ -57,6 +58,8 @@ class RouterOptions:
     health_timeout_s: float = 5.0
     read_timeout_s: float = READ_TIMEOUT_S  # between two records of a decode stream
     cpu_workers: int = DEFAULT_WORKERS  # threads preprocessing requests off the event loop
+    # what the nodes' control ports ask of the router (`Authorization`, on every call)
+    token: DeploymentToken = field(default_factory=DeploymentToken)
 
     def __post_init__(self) -> None:
         if self.cpu_workers < 1:
@@ -98,7 +101,9 @@ class Router:
         timeout = httpx.Timeout(connect=5.0, read=None, write=10.0, pool=None)
 
         def client(limits: httpx.Limits) -> httpx.AsyncClient:
-            return httpx.AsyncClient(limits=limits, timeout=timeout)
+            return httpx.AsyncClient(
+                limits=limits, timeout=timeout, headers=self.options.token.headers()
+            )
 
         # Idle connections are dropped well before a node's server closes them
         # (`node_server.KEEP_ALIVE_S`), so a request never goes out on a connection the

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from tandem.engine import request_log, tracing
+from tandem.engine.wire import PROTOCOL_VERSION
 from tandem.router.errors import APIError, InvalidRequest, Unavailable, UpstreamFailed
 from tandem.router.http_pool import ClientShards
 from tandem.router.kv_index import PrefixIndex
@@ -236,6 +237,7 @@ def _generate_body(job: Job, route: Route) -> bytes:
         "prefill": route.prefill.endpoint if route.prefill else None,
         "prefill_alternates": [p.endpoint for p in route.alternates if p.endpoint],
         "cache_salt": job.cache_salt,
+        "protocol": PROTOCOL_VERSION,
     }
     ids = job.prompt.token_ids_json
     if ids is None:

@@ -16,6 +16,8 @@ import signal
 import sys
 from pathlib import Path
 
+from tandem.engine.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.ports import free_port
 from tandem.engine.tracing import add_tracing_argument
 from tandem.router.cli import POLICY_NAMES, add_tool_call_parser
@@ -171,6 +173,8 @@ def run(args: argparse.Namespace) -> None:
     model = ensure_model(args.model)
     children = plan(args, model)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # the deployment's token: the children's control ports answer only each other
+    env[TOKEN_ENV] = env.get(TOKEN_ENV) or DeploymentToken.generate().value
     supervisor = Supervisor(children, policy, env)
     # SIGINT too, explicitly: a background job of a non-interactive shell starts with it
     # ignored, and Python keeps that, so `kill -INT` alone would not stop serve.

@@ -11,6 +11,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from tandem.engine.config import ModelConfig
+from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.request_log import configure_logging
 from tandem.engine.tokenizer import load_tokenizer
 from tandem.engine.tracing import Tracing
@@ -41,6 +42,7 @@ def build_router(args: argparse.Namespace) -> Router:
         args.health_timeout,
         args.worker_read_timeout,
         args.cpu_workers,
+        DeploymentToken.from_env(),
     )
     metrics = RouterMetrics(CollectorRegistry(), name, pod)
     tracing = Tracing("tandem-router", args.otlp_traces_endpoint)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from tandem.engine.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.ports import free_port
 from tests.bounds import HANG_S, PROCESS_S
 
@@ -103,12 +105,18 @@ class Proc:
 class Node(Proc):
     """A prefill or decode node process."""
 
-    def __init__(self, role: str, model: Path, log_dir: Path, *extra: str) -> None:
+    def __init__(
+        self, role: str, model: Path, log_dir: Path, *extra: str, env: dict | None = None
+    ) -> None:
         super().__init__(log_dir)
         self.role = self.name = role
         self.model = model
         self.extra = extra
+        self.env = env or {}
         self.zmq_port = free_port()
+
+    def environment(self) -> dict[str, str]:
+        return self.env
 
     @property
     def endpoint(self) -> str:
@@ -122,8 +130,13 @@ class Node(Proc):
             "--threads", "1", "--log-level", "warning", "--debug-endpoints", *self.extra,
         ]  # fmt: skip
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What a caller of its control routes sends: the node's token, if it has one."""
+        return DeploymentToken(self.env.get(TOKEN_ENV, os.environ.get(TOKEN_ENV, ""))).headers()
+
     def kv(self) -> dict:
-        return httpx.get(f"{self.url}/debug/kv", timeout=HANG_S).json()
+        return httpx.get(f"{self.url}/debug/kv", timeout=HANG_S, headers=self.headers).json()
 
 
 @contextlib.contextmanager
@@ -152,6 +165,7 @@ def generate(
     prefill: Node | None = None,
     alternates: tuple[Node, ...] = (),
     timeout: float = HANG_S,
+    headers: dict[str, str] | None = None,
 ) -> tuple[list[int], str, dict]:
     """Stream one request; returns (token ids, text, final record)."""
     body = {
@@ -162,7 +176,8 @@ def generate(
         "prefill_alternates": [n.endpoint for n in alternates],
     }
     tokens, text, last = [], "", {}
-    with httpx.stream("POST", f"{decode.url}/generate", json=body, timeout=timeout) as r:
+    url = f"{decode.url}/generate"
+    with httpx.stream("POST", url, json=body, timeout=timeout, headers=headers) as r:
         if r.status_code != 200:
             r.read()
             return [], "", {"status": r.status_code, **r.json()}

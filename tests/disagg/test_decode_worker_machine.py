@@ -40,6 +40,7 @@ from tandem.engine.kv_transfer import (
 from tandem.engine.metrics import NodeMetrics
 from tandem.engine.node_core import NodeCore
 from tandem.engine.request_log import RequestIdFilter
+from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import Scheduler, remote_hold_key
 from tandem.engine.step_log import StepLog
 from tests.engine.test_scheduler import VOCAB, fake_run
@@ -127,7 +128,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         inp = GenerateInput(
             request_id,
             prompt,
-            {"max_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0},
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0),
             prefill=WORKERS[0] if remote else None,
             prefill_alternates=list(WORKERS) if remote else [],
             log_id=f"client-{request_id}",

@@ -2,17 +2,16 @@
 workers of the state machine: a notification that does not decode, a first token outside
 the vocabulary, a request id that is still live (its stream, or the hold of an abandoned
 attempt whose writes may still land). Each is refused on its own, counted in
-`tandem_refused_inputs_total`, and leaves every block accounted for; a sampling field the
-node does not know is ignored, logged and counted (a newer router's, in a rolling upgrade)."""
+`tandem_refused_inputs_total`, and leaves every block accounted for. (Sampling fields are
+typed by the wire schema: tests/disagg/test_decode_http_boundary.py.)"""
 
 from __future__ import annotations
-
-import logging
 
 import pytest
 
 from tandem.decode_node.worker import DuplicateRequest, GenerateInput
 from tandem.engine.kv_transfer import AbortAck, AbortPrefill, PrefillDone, PrefillRequest, encode
+from tandem.engine.sampling_params import SamplingParams
 from tests.disagg.test_decode_worker_machine import WORKERS, DecodeWorkerMachine
 from tests.engine.test_scheduler import VOCAB
 from tests.engine.test_scheduler_machine import tokens_alone
@@ -64,7 +63,7 @@ def test_a_first_token_outside_the_vocabulary_never_reaches_the_model(token_id):
 def test_a_live_request_id_is_refused_and_the_first_goes_on():
     machine = DecodeWorkerMachine()
     key = sent_remote(machine)
-    again = GenerateInput("r0", [1, 2, 3], {"max_tokens": 1})
+    again = GenerateInput("r0", [1, 2, 3], SamplingParams(max_tokens=1))
     with pytest.raises(DuplicateRequest, match="'r0' is already in use"):
         machine.worker.add(again, lambda record: None)
     assert refused(machine, "duplicate_id") == 1
@@ -84,36 +83,16 @@ def test_an_id_whose_abandoned_attempt_may_still_be_written_is_refused():
     kv = machine.worker.core.kv
     assert kv.is_held(key)
     with pytest.raises(DuplicateRequest, match="still being written"):
-        machine.worker.add(GenerateInput("r0", [1, 2, 3], {"max_tokens": 1}), print)
+        machine.worker.add(GenerateInput("r0", [1, 2, 3], SamplingParams(max_tokens=1)), print)
     assert kv.is_held(key) and "r0" not in machine.worker.streams
     machine.worker.on_reply(WORKERS[0], AbortAck("r0", 1))
     machine.may_write.pop(key)
     assert not kv.hold_keys()
-    fresh = GenerateInput("r0", [1, 2, 3], {"max_tokens": 1, "ignore_eos": True})
+    fresh = GenerateInput("r0", [1, 2, 3], SamplingParams(max_tokens=1, ignore_eos=True))
     machine.records["r0"], machine.expected["r0"] = [], tokens_alone([1, 2, 3], 1)
     machine.worker.add(fresh, machine.records["r0"].append)  # free to reuse now
     machine.teardown()
     assert machine.records["r0"][-1]["finish_reason"] == "length"
-
-
-def test_an_unknown_sampling_field_is_ignored_logged_and_counted(caplog):
-    machine = DecodeWorkerMachine()
-    machine.records["r"] = []
-    sampling = {"max_tokens": 2, "ignore_eos": True, "temperature": 0.0, "future_knob": 1}
-    with caplog.at_level(logging.WARNING, "tandem.decode_node.worker"):
-        machine.worker.add(GenerateInput("r", [5, 6, 7], sampling), machine.records["r"].append)
-    assert refused(machine, "unknown_sampling_field") == 1 and "future_knob" in caplog.text
-    machine.expected["r"] = tokens_alone([5, 6, 7], 2)
-    machine.teardown()
-    assert machine.records["r"][-1]["finish_reason"] == "length"
-
-
-def test_a_sampling_value_of_the_wrong_type_is_a_value_error():
-    """The HTTP handler answers ValueError with a 400 (a TypeError was a 500)."""
-    machine = DecodeWorkerMachine()
-    with pytest.raises(ValueError, match="sampling"):
-        machine.worker.add(GenerateInput("r", [5, 6], {"temperature": "hot"}), print)
-    assert not machine.worker.streams
 
 
 def test_a_request_the_client_gave_up_sending_fails_over_and_holds_nothing():

@@ -16,6 +16,7 @@ from tandem.engine.kv_transfer import (
     PrefillRequest,
     Transfer,
 )
+from tandem.engine.sampling_params import SamplingParams
 from tests.disagg.test_prefill_worker_machine import (
     NEVER_S,
     HeldWrites,
@@ -61,7 +62,15 @@ class Worker:
         name, peer = node
         layout = self.agent.remote_layout(name)
         msg = PrefillRequest(
-            request_id, 1, PROMPT, {}, 0, dst, AgentInfo(name, b"", layout), NEVER_S, time.time()
+            request_id,
+            1,
+            PROMPT,
+            SamplingParams(),
+            0,
+            dst,
+            AgentInfo(name, b"", layout),
+            NEVER_S,
+            time.time(),
         )
         self.worker.submit(peer, msg)
 

@@ -37,6 +37,7 @@ from tandem.engine.kv_transfer import (
 )
 from tandem.engine.metrics import NodeMetrics
 from tandem.engine.node_core import NodeCore
+from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from tandem.engine.step_log import StepLog
 from tandem.prefill_node.worker import PrefillWorker
@@ -158,7 +159,7 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
             request_id=request_id,
             attempt=1,
             token_ids=prompt,
-            sampling={},
+            sampling=SamplingParams(),
             skip_blocks=skip,
             dst_block_ids=list(range(skip, num_blocks)),
             agent=AgentInfo("decode", b"", self.agent.remote_layout("decode")),

@@ -1,34 +1,58 @@
 """A malformed prefill request is refused on its own: the decode node hears `PrefillFailed`,
 `tandem_refused_inputs_total` counts it by reason, no block stays taken, and the worker
-goes on serving the next request. A sampling field the node does not know is ignored (a
-newer decode node's, during a rolling upgrade), logged and counted."""
+goes on serving the next request. The wire schema types sampling parameters: a value of the
+wrong type never decodes, a field the node does not know is ignored (a newer decode
+node's, during a rolling upgrade). On its socket, the node takes work only from a
+connection that paired (`Hello`)."""
 
 from __future__ import annotations
 
-import logging
+import os
 import time
 from types import SimpleNamespace
 
+import msgspec
+import pytest
 import zmq
 
+from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.kv_events import load_of
-from tandem.engine.kv_transfer import AgentInfo, PrefillFailed, PrefillRequest, encode
+from tandem.engine.kv_transfer import (
+    AgentInfo,
+    PrefillFailed,
+    PrefillRequest,
+    decode_from_prefill,
+    decode_to_prefill,
+    encode,
+)
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.ports import free_port
+from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.wire import HELLO_LABEL, PROTOCOL_VERSION, Fingerprint, Hello, Welcome
 from tandem.prefill_node.server import PrefillLoop
 from tests.disagg.nodes import wait_until
 from tests.disagg.test_prefill_worker_keys import DEAD, PROMPT, Worker
 from tests.disagg.test_prefill_worker_machine import NEVER_S, first_token
 
 
-def submit(w: Worker, request_id: str, sampling: dict) -> None:
-    name, peer = DEAD
+def request(w: Worker, request_id: str, sampling: dict) -> PrefillRequest:
+    name, _ = DEAD
     layout = w.agent.remote_layout(name)
-    msg = PrefillRequest(
-        request_id, 1, PROMPT, sampling, 0, [0, 1], AgentInfo(name, b"", layout), NEVER_S,
-        time.time(),
+    return PrefillRequest(
+        request_id, 1, PROMPT, SamplingParams(**sampling), 0, [0, 1],
+        AgentInfo(name, b"", layout), NEVER_S, time.time(),
     )  # fmt: skip
-    w.worker.submit(peer, msg)
+
+
+def submit(w: Worker, request_id: str, sampling: dict) -> None:
+    w.worker.submit(DEAD[1], request(w, request_id, sampling))
+
+
+def with_sampling(msg: PrefillRequest, **fields: object) -> bytes:
+    """`msg` on the wire with its sampling fields changed as another process could."""
+    raw = msgspec.msgpack.decode(encode(msg))
+    raw["sampling"].update(fields)
+    return msgspec.msgpack.encode(raw)
 
 
 def refused(w: Worker, reason: str) -> float:
@@ -47,15 +71,12 @@ def assert_serves_next(w: Worker, free_before: int) -> None:
     assert counts.free + counts.cached == free_before  # cached blocks are free to evict
 
 
-def test_a_sampling_value_of_the_wrong_type_is_refused_and_counted():
+@pytest.mark.parametrize("field, value", [("temperature", "hot"), ("top_p", 7.0), ("n", 0)])
+def test_a_sampling_value_of_the_wrong_type_or_range_never_decodes(field, value):
     w = Worker()
-    free = w.worker.core.kv.check_integrity().free
-    submit(w, "bad", {"temperature": "hot"})  # a TypeError inside SamplingParams
-    ((peer, failed),) = w.replies
-    assert peer == DEAD[1] and isinstance(failed, PrefillFailed)
-    assert failed.request_id == "bad" and failed.reason.startswith("invalid:")
-    assert not w.worker.jobs and refused(w, "invalid") == 1
-    assert_serves_next(w, free)
+    data = with_sampling(request(w, "bad", {}), **{field: value})
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.sampling"):
+        decode_to_prefill(data)
 
 
 def test_a_peer_the_transfer_agent_rejects_is_refused_and_counted():
@@ -89,49 +110,82 @@ def test_an_unexpected_error_refuses_the_message_not_the_node():
     assert_serves_next(w, free)
 
 
-def test_an_unknown_sampling_field_is_ignored_logged_and_counted(caplog):
+def test_an_unknown_sampling_field_is_ignored_by_rule():
     w = Worker()
-    with caplog.at_level(logging.WARNING, "tandem.prefill_node.worker"):
-        submit(w, "r", {"temperature": 0.0, "future_knob": 3})
-    assert not w.replies and refused(w, "unknown_sampling_field") == 1
-    assert "future_knob" in caplog.text
+    msg = decode_to_prefill(with_sampling(request(w, "r", {"temperature": 0.0}), future_knob=3))
+    w.worker.submit(DEAD[1], msg)
+    assert not w.replies
     w.run()
     assert [d.token_id for d in w.agent.notified] == [first_token(PROMPT)]
     w.assert_clean()
 
 
+class Socket:
+    """The real prefill loop on its ZMQ port, and a DEALER connected to it."""
+
+    def __init__(self, w: Worker) -> None:
+        core = w.worker.core
+        core.agent.name = "prefill-test"
+        core.load = lambda: load_of(core.scheduler)
+        core.fingerprint = Fingerprint(PROTOCOL_VERSION, "m", "", "float32", 16, "1x2x1x8")
+        self.core = core
+        self.node = PrefillLoop(core, NodeLoop(), "127.0.0.1", free_port(), 0)
+        self.context = zmq.Context()
+        self.dealer = self.context.socket(zmq.DEALER)
+        self.dealer.setsockopt(zmq.LINGER, 0)
+        self.dealer.connect(f"tcp://127.0.0.1:{self.node.zmq_port}")
+
+    def greet(self) -> None:
+        """Pair as a decode node of the same deployment (no token: authentication off)."""
+        nonce = os.urandom(16)
+        hello = Hello(self.core.fingerprint, nonce, DeploymentToken().proof(HELLO_LABEL, nonce))
+        self.dealer.send(encode(hello))
+        assert wait_until(lambda: self.node.run_once() or self.dealer.poll(0), interval=0)
+        assert isinstance(decode_from_prefill(self.dealer.recv()), Welcome)
+
+    def serve_until(self, done) -> bool:
+        def turn() -> bool:
+            self.node.run_once()
+            for transfer, _ in self.core.agent.in_flight():
+                transfer.state = "DONE"
+            return done()
+
+        return wait_until(turn, interval=0)
+
+    def close(self) -> None:
+        self.dealer.close(0)
+        self.context.term()
+        self.node.socket.close(0)
+        self.node.publisher.close()
+        self.node.context.term()
+
+
 def test_the_node_counts_a_message_it_cannot_decode_and_serves_the_next():
     """The real loop on its ZMQ socket: garbage, then a good request from the same peer."""
     w = Worker()
-    core = w.worker.core
-    core.agent.name = "prefill-test"
-    core.load = lambda: load_of(core.scheduler)
-    node = PrefillLoop(core, NodeLoop(), "127.0.0.1", free_port(), 0)
-    context = zmq.Context()
-    dealer = context.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
+    sock = Socket(w)
     try:
-        dealer.connect(f"tcp://127.0.0.1:{node.zmq_port}")
-        dealer.send(b"\xc1 not msgpack")
-        name, _ = DEAD
-        good = PrefillRequest(
-            "next", 1, PROMPT, {}, 0, [0, 1], AgentInfo(name, b"", core.agent.remote_layout(name)),
-            NEVER_S, time.time(),
-        )  # fmt: skip
-        dealer.send(encode(good))
-
-        def served() -> bool:
-            node.run_once()
-            for transfer, _ in core.agent.in_flight():
-                transfer.state = "DONE"
-            return bool(core.agent.notified)
-
-        assert wait_until(served, interval=0)
+        sock.greet()
+        sock.dealer.send(b"\xc1 not msgpack")
+        sock.dealer.send(encode(request(w, "next", {})))
+        assert sock.serve_until(lambda: bool(sock.core.agent.notified))
         assert refused(w, "undecodable") == 1
-        assert [d.request_id for d in core.agent.notified] == ["next"]
+        assert [d.request_id for d in sock.core.agent.notified] == ["next"]
     finally:
-        dealer.close(0)
-        context.term()
-        node.socket.close(0)
-        node.publisher.close()
-        node.context.term()
+        sock.close()
+
+
+def test_a_connection_that_never_paired_gets_no_work_done():
+    w = Worker()
+    sock = Socket(w)
+    try:
+        sock.dealer.send(encode(request(w, "stranger", {})))
+        assert sock.serve_until(lambda: sock.dealer.poll(0))
+        failed = decode_from_prefill(sock.dealer.recv())
+        assert failed == PrefillFailed("stranger", 1, "unpaired")
+        assert refused(w, "unpaired") == 1 and not w.worker.jobs
+        sock.greet()  # the same connection, paired now, is served
+        sock.dealer.send(encode(request(w, "next", {})))
+        assert sock.serve_until(lambda: bool(sock.core.agent.notified))
+    finally:
+        sock.close()

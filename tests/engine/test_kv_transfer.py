@@ -29,6 +29,7 @@ from tandem.engine.kv_transfer import (
     to_wire,
 )
 from tandem.engine.request import TokenLogprobs
+from tandem.engine.sampling_params import SamplingParams
 from tests.bounds import HANG_S
 
 SHAPE = (12, 2, 2, 4, 2, 8)  # [blocks, layers, K/V, block_size, kv_heads, head_dim]
@@ -53,7 +54,7 @@ def test_run_descs_address_whole_blocks():
 def test_messages_round_trip():
     info = AgentInfo("decode-x-1", b"\x00meta", KVLayout(1, 2, 3, 0, "DRAM"))
     req = PrefillRequest(
-        "r1", 2, [1, 2, 3], {"temperature": 0.5, "seed": 9, "logit_bias": {3: 1.5}}, 0, [4],
+        "r1", 2, [1, 2, 3], SamplingParams(temperature=0.5, seed=9, logit_bias={3: 1.5}), 0, [4],
         info, 5.0, time.time(),
     )  # fmt: skip
     assert decode_to_prefill(encode(req)) == req

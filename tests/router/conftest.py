@@ -9,8 +9,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tandem.engine.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.deployment_token import DeploymentToken
 from tests.bounds import HANG_S
 from tests.disagg.nodes import Proc
+
+# The deployment token of the tests' `tandem serve` and of the routers over its workers:
+# the tests read the nodes' debug views with it (`NODE_HEADERS`).
+TOKEN = DeploymentToken("tests-of-the-router-0123456789")
+NODE_HEADERS = TOKEN.headers()
 
 SERVE_FLAGS = ("--max-model-len", "512", "--num-kv-blocks", "256", "--log-level", "warning")
 
@@ -32,6 +39,9 @@ class ServeProc(Proc):
             *self.extra,
         ]  # fmt: skip
 
+    def environment(self) -> dict[str, str]:
+        return {TOKEN_ENV: TOKEN.value}
+
     def workers(self, role: str | None = None) -> list[dict]:
         found = httpx.get(f"{self.url}/workers", timeout=HANG_S).json()
         return [w for w in found if role is None or w["role"] == role]
@@ -48,6 +58,9 @@ class RouterProc(Proc):
     ) -> None:
         super().__init__(log_dir)
         self.model, self.prefill, self.decode, self.extra = model, prefill, decode, extra
+
+    def environment(self) -> dict[str, str]:
+        return {TOKEN_ENV: TOKEN.value}
 
     def command(self) -> list[str]:
         return [

@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tandem.engine import request_log
+from tandem.engine.wire import PROTOCOL_VERSION
 from tandem.router.app import Router, RouterOptions
 from tandem.router.cpu_pool import CpuPool
 from tandem.router.discovery import StaticDiscovery
@@ -178,4 +179,5 @@ def test_a_prompts_ids_are_encoded_in_preprocessing_and_sent_as_encoded(tokenize
     assert json.loads(bodies[0]) == {
         "request_id": "r-0", "token_ids": prompt.token_ids, "sampling": sampling,
         "prefill": None, "prefill_alternates": [], "cache_salt": "salt",
+        "protocol": PROTOCOL_VERSION,
     }  # fmt: skip

@@ -56,6 +56,7 @@ def test_the_reasons_named_are_the_reasons_counted():
     from pathlib import Path
 
     import tandem.decode_node.worker as decode
+    import tandem.engine.node_server as node_server
     import tandem.prefill_node.worker as prefill
     import tandem.router.dispatch as dispatch
 
@@ -63,9 +64,11 @@ def test_the_reasons_named_are_the_reasons_counted():
     assert all(f'self._fall_back(stream, "{r}"' in fallback for r in FALLBACK_REASONS)
     transfer = Path(prefill.__file__).read_text()
     assert all(f'transfer_failures, reason="{r}"' in transfer for r in TRANSFER_FAILURE_REASONS)
-    prefill_node = transfer + Path(prefill.__file__).with_name("server.py").read_text()
+    both = Path(node_server.__file__).read_text()  # what every node's HTTP boundary counts
+    prefill_node = transfer + Path(prefill.__file__).with_name("server.py").read_text() + both
     assert all(f'"{r}"' in prefill_node for r in REFUSAL_REASONS["prefill"])
-    assert all(f'reason="{r}"' in fallback for r in REFUSAL_REASONS["decode"])
+    decode_node = fallback + Path(decode.__file__).with_name("server.py").read_text() + both
+    assert all(f'"{r}"' in decode_node for r in REFUSAL_REASONS["decode"])
     routed = Path(dispatch.__file__).read_text()
     assert all(f'"{r}"' in routed for r in RETRY_REASONS)
 

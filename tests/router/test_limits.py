@@ -22,7 +22,7 @@ import pytest
 from tandem.router.preprocess import MAX_PROMPTS
 from tests.bounds import HANG_S
 from tests.disagg.nodes import free_port, metric_value, wait_until
-from tests.router.conftest import SERVE_FLAGS, RouterProc
+from tests.router.conftest import NODE_HEADERS, SERVE_FLAGS, RouterProc
 
 PROMPT = "Tell me everything"
 MAX_MODEL_LEN = int(SERVE_FLAGS[SERVE_FLAGS.index("--max-model-len") + 1])
@@ -181,7 +181,7 @@ def _decode_state(serve) -> tuple[str, float]:
 
 
 def _clean(url: str) -> bool:
-    kv = httpx.get(f"{url}/debug/kv", timeout=HANG_S).json()
+    kv = httpx.get(f"{url}/debug/kv", timeout=HANG_S, headers=NODE_HEADERS).json()
     return kv["requests"] == 0 and kv["in_use"] == 0 and kv["held"] == 0
 
 
@@ -217,7 +217,7 @@ def test_a_client_that_gives_up_aborts_a_non_streamed_request(serve, long):
     body = {**long, "n": 2}
 
     async def give_up() -> None:
-        async with httpx.AsyncClient(timeout=HANG_S) as probe:
+        async with httpx.AsyncClient(timeout=HANG_S, headers=NODE_HEADERS) as probe:
             client = httpx.AsyncClient(timeout=HANG_S)
             post = asyncio.ensure_future(client.post(f"{serve.url}/v1/completions", json=body))
             while (await probe.get(f"{url}/debug/kv")).json()["requests"] < 2:

@@ -15,6 +15,7 @@ from tandem.engine.tokenizer import encode_chat
 from tests.bounds import HANG_S
 from tests.disagg.nodes import metric_value, wait_until
 from tests.greedy import LOGIT_ROUNDING, assert_well_separated
+from tests.router.conftest import NODE_HEADERS
 
 MODEL = "llama"  # the fixture's folder name is the served model id
 PROMPTS = ["The quick brown fox", "Once upon a time in a land far away, there lived"]
@@ -284,7 +285,8 @@ def test_router_hashes_match_the_nodes_and_the_index_finds_prefixes(client, serv
     assert len(expected) >= 3
     client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
     (prefill,) = serve.workers("prefill")
-    cached = set(httpx.get(f"{prefill['url']}/kv/snapshot", timeout=HANG_S).json()["hashes"])
+    snapshot = httpx.get(f"{prefill['url']}/kv/snapshot", timeout=HANG_S, headers=NODE_HEADERS)
+    cached = set(snapshot.json()["hashes"])
     assert set(expected) <= cached  # the same stable hashes on both sides
 
     def overlap() -> float:
