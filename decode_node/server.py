@@ -203,6 +203,6 @@ def run(args: argparse.Namespace) -> None:
     server = NodeServer(build, registry, Heartbeat(args.engine_stall_timeout), args.debug_endpoints)
     add_decode_routes(server)
     try:
-        server.serve(args.host, args.http_port, args.log_level)
+        server.serve(args.host, args.http_port, args.metrics_port, args.log_level)
     finally:
         traces.shutdown()

@@ -109,6 +109,7 @@ class Node(Proc):
         self.model = model
         self.extra = extra
         self.zmq_port = free_port()
+        self.metrics_port = free_port()
 
     @property
     def endpoint(self) -> str:
@@ -119,8 +120,13 @@ class Node(Proc):
             sys.executable, "-P", "-m", f"tandem.{self.role}_node",
             "--model", str(self.model),
             "--http-port", str(self.http_port), "--zmq-port", str(self.zmq_port),
+            "--metrics-port", str(self.metrics_port),
             "--threads", "1", "--log-level", "warning", "--debug-endpoints", *self.extra,
         ]  # fmt: skip
+
+    def metrics(self) -> str:
+        """From the metrics port: the control port serves no /metrics."""
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=HANG_S).text
 
     def kv(self) -> dict:
         return httpx.get(f"{self.url}/debug/kv", timeout=HANG_S).json()
