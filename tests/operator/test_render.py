@@ -330,15 +330,15 @@ def scraped_port(endpoints: list[dict], labels: dict[str, str], ports: set[str])
     """The one port a pod with these labels and container port names is scraped on, as
     Prometheus applies the endpoints (each keeps pods with its port, then its relabelings;
     this test needs only `keep` on a pod label)."""
+    sd_labels = {"__meta_kubernetes_pod_label_" + re.sub(r"\W", "_", k): v
+                 for k, v in labels.items()}  # fmt: skip
     scraped = []
     for endpoint in endpoints:
         kept = endpoint["port"] in ports
         for rule in endpoint.get("relabelings", []):
             assert rule["action"] == "keep" and len(rule["sourceLabels"]) == 1
-            source = rule["sourceLabels"][0]
-            value = next(v for k, v in labels.items()
-                         if source == "__meta_kubernetes_pod_label_" + re.sub(r"\W", "_", k))
-            kept = kept and re.fullmatch(rule["regex"], value) is not None  # fmt: skip
+            value = sd_labels[rule["sourceLabels"][0]]
+            kept = kept and re.fullmatch(rule["regex"], value) is not None
         if kept:
             scraped.append(endpoint["port"])
     (port,) = scraped
