@@ -112,13 +112,15 @@ class Ledger:
         """The node now at `url`, filed under the agent its /health names before and after
         the read (a restart in between drops the reading; a dead node keeps its last)."""
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            agent = await self._agent(url)
-            text = (await self.http.get(f"{url}/metrics", timeout=10)).text
-            if agent and await self._agent(url) == agent:
+            health = await self._health(url)
+            agent, port = health.get("agent"), health.get("metrics_port")
+            host = httpx.URL(url).host
+            text = (await self.http.get(f"http://{host}:{port}/metrics", timeout=10)).text
+            if agent and (await self._health(url)).get("agent") == agent:
                 self.texts[(url, agent)] = text
 
-    async def _agent(self, url: str) -> str | None:
-        return (await self.http.get(f"{url}/health", timeout=10)).json().get("agent")
+    async def _health(self, url: str) -> dict:
+        return (await self.http.get(f"{url}/health", timeout=10)).json()
 
     async def scrape_router(self, url: str) -> None:
         with contextlib.suppress(httpx.HTTPError):

@@ -155,7 +155,7 @@ def add_decode_routes(server: NodeServer) -> None:
 def _refuse_body(server: NodeServer, exc: msgspec.DecodeError) -> Response:
     """400 naming the field, for a body that is not the wire schema's; counted by reason
     (one of another protocol version apart) once the node's metrics exist."""
-    if (m := server.metrics()) is not None:
+    if (m := server.node_metrics()) is not None:
         reason = "protocol" if isinstance(exc, ProtocolMismatch) else "undecodable"
         m.child(m.refused_inputs, reason=reason).inc()
     return error_body(error_message(exc), 400, param=error_param(exc))
@@ -218,6 +218,6 @@ def run(args: argparse.Namespace) -> None:
     server = NodeServer(build, registry, heartbeat, args.debug_endpoints, token)
     add_decode_routes(server)
     try:
-        server.serve(args.host, args.http_port, args.log_level)
+        server.serve(args.host, args.http_port, args.metrics_port, args.log_level)
     finally:
         traces.shutdown()

@@ -35,7 +35,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model folder (config.json, weights)")
     parser.add_argument("--served-model-name", default=None, help="model label (default: folder)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
-    parser.add_argument("--http-port", type=int, required=True)
+    parser.add_argument(
+        "--http-port", type=int, required=True,
+        help="the control API (the router's /generate, /abort, /health, /kv/snapshot)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--metrics-port", type=int, default=0,
+        help="/metrics, /health and /health/live only, for probes and scrapers (0: any free "
+        "port, logged and reported by /health as metrics_port)",
+    )  # fmt: skip
     parser.add_argument("--zmq-port", type=int, required=True)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")

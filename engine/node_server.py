@@ -1,8 +1,12 @@
-"""Runs a node: the engine thread (it loads the model, then loops) beside a FastAPI app
-with the routes every node has: `/health` (ready: the model is loaded and the engine loop
-turns), `/health/live` (alive: loading, or the loop turns), `/metrics`, `/kv/snapshot`, and
-the debug views when turned on (`engine/debug_routes.py`). Every route but the health checks
-and `/metrics` answers only holders of the deployment's token (401 otherwise)."""
+"""Runs a node: the engine thread (it loads the model, then loops) beside two FastAPI apps.
+The control app, on the HTTP port, has the routes every node has: `/health` (ready: the
+model is loaded and the engine loop turns; the router reads the node's ports from it),
+`/kv/snapshot`, and the debug views when turned on (`engine/debug_routes.py`). The metrics
+app, on the metrics port and a thread of its own, has `/metrics`, `/health` and
+`/health/live` (alive: loading, or the loop turns): the port that kubelet probes and
+Prometheus scrapes, and the only one the NetworkPolicy opens to the scrapers
+(docs/security.md "Ports"). Every route of the control app but `/health` answers only
+holders of the deployment's token (401 otherwise)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ from tandem.engine.debug_routes import add_debug_routes
 from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.heartbeat import Heartbeat
 from tandem.engine.kv_events import KVEventPublisher
+from tandem.engine.metrics_server import MetricsServer
 from tandem.engine.node_core import NodeCore
 from tandem.engine.node_loop import NodeLoop
 
@@ -69,8 +74,9 @@ _HTTP_ERROR_KINDS = {
     404: "not_found_error",
     405: "invalid_request_error",
 }
-# What anyone who reaches the port may read: kubelet probes and Prometheus hold no token.
-PUBLIC_PATHS = frozenset({"/health", "/health/live", "/metrics"})
+# What anyone who reaches the control port may read without the token: readiness, with the
+# node's ports (routers read them). Probes and scrapes go to the metrics port, all public.
+PUBLIC_PATHS = frozenset({"/health"})
 
 
 def add_http_error_handler(app: FastAPI) -> None:
@@ -139,12 +145,15 @@ class NodeServer:
         self.worker: Worker | None = None
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
-        check = token_check(token or DeploymentToken(), self.metrics)
+        check = token_check(token or DeploymentToken(), self.node_metrics)
         self.app = FastAPI(lifespan=self._lifespan, dependencies=[Depends(check)])
+        self.metrics_app = FastAPI(openapi_url=None)  # no /docs nor /openapi.json either
+        self.metrics_port: int | None = None  # bound by `serve`
         self._add_routes()
+        self._add_metrics_routes()
         add_debug_routes(self, debug_endpoints)
 
-    def metrics(self) -> Any:
+    def node_metrics(self) -> Any:
         """The node's `NodeMetrics`; None while the model loads."""
         return self.worker.core.metrics if self.worker is not None else None
 
@@ -189,27 +198,7 @@ class NodeServer:
         add_validation_handler(app)
         add_http_error_handler(app)
 
-        @app.get("/health")
-        async def health() -> Response:
-            """Ready (200) once the model is loaded, while the engine loop turns."""
-            if not self.ready.is_set():
-                return JSONResponse({"status": "loading"}, status_code=503)
-            if (stalled := self._stalled()) is not None:
-                return JSONResponse(stalled | self._identity(), status_code=503)
-            return JSONResponse({"status": "ok"} | self._identity())
-
-        @app.get("/health/live")
-        async def live() -> Response:
-            """Alive (200) while the model loads and while the engine loop turns: the
-            liveness probe restarts a node whose engine thread is stuck, never a loading
-            one."""
-            if (stalled := self._stalled()) is not None:
-                return JSONResponse(stalled, status_code=503)
-            return JSONResponse({"status": "ok" if self.ready.is_set() else "loading"})
-
-        @app.get("/metrics")
-        async def metrics() -> Response:
-            return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
+        app.get("/health")(self._health)
 
         @app.get("/kv/snapshot")
         async def kv_snapshot() -> Response:
@@ -218,6 +207,31 @@ class NodeServer:
             if (busy := self.not_ready()) is not None:
                 return busy
             return JSONResponse(await self.call(self._kv_snapshot))
+
+    def _add_metrics_routes(self) -> None:
+        app = self.metrics_app
+        add_http_error_handler(app)
+        app.get("/health")(self._health)
+        app.get("/health/live")(self._live)
+        app.get("/metrics")(self._metrics)
+
+    async def _health(self) -> Response:
+        """Ready (200) once the model is loaded, while the engine loop turns."""
+        if not self.ready.is_set():
+            return JSONResponse({"status": "loading"}, status_code=503)
+        if (stalled := self._stalled()) is not None:
+            return JSONResponse(stalled | self._identity(), status_code=503)
+        return JSONResponse({"status": "ok"} | self._identity())
+
+    async def _live(self) -> Response:
+        """Alive (200) while the model loads and while the engine loop turns: the liveness
+        probe restarts a node whose engine thread is stuck, never a loading one."""
+        if (stalled := self._stalled()) is not None:
+            return JSONResponse(stalled, status_code=503)
+        return JSONResponse({"status": "ok" if self.ready.is_set() else "loading"})
+
+    async def _metrics(self) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)
 
     def _stalled(self) -> dict[str, Any] | None:
         stalled_s = self.heartbeat.stalled_s()
@@ -235,6 +249,7 @@ class NodeServer:
             "agent": core.agent.name,
             "block_size": core.config.cache.block_size,
             **self.worker.ports(),
+            "metrics_port": self.metrics_port,
         }
 
     def _kv_snapshot(self) -> dict[str, Any]:
@@ -245,9 +260,19 @@ class NodeServer:
             "hashes": list(worker.core.kv.pool.cached),
         }
 
-    def serve(self, host: str, port: int, log_level: str = "info") -> None:
+    def serve(self, host: str, port: int, metrics_port: int, log_level: str = "info") -> None:
+        """Serve the metrics app on `metrics_port` (0: any free one) from a thread of its
+        own, so probes and scrapes are answered however busy the control app's event loop
+        is, and the control app on `port` until SIGINT or SIGTERM."""
+        metrics = MetricsServer(self.metrics_app, host, metrics_port, log_level)
+        self.metrics_port = metrics.port
+        logger.info("metrics and health on port %d", metrics.port)
+        metrics.start()
         config = uvicorn.Config(
             self.app, host=host, port=port, log_level=log_level, access_log=False,
             timeout_keep_alive=KEEP_ALIVE_S,
         )  # fmt: skip
-        uvicorn.Server(config).run()
+        try:
+            uvicorn.Server(config).run()
+        finally:
+            metrics.stop()

@@ -10,6 +10,7 @@ from tandem.operator.names import (
     DEPLOYMENT_LABEL,
     EVENTS_PORT,
     HTTP_PORT,
+    METRICS_PORT,
     NIXL_PORT_RANGE,
     ROLE_LABEL,
     ZMQ_PORT,
@@ -45,9 +46,10 @@ def router_identity(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
 
 
 def node_network_policy(spec: LLMDeploymentSpec) -> dict[str, Any]:
-    """Ingress to prefill and decode pods: HTTP and KV events from the router; ZMQ, KV
-    events and NIXL (UCX's TCP port range) from each other; /metrics from the scraper's
-    namespace when a PodMonitor is rendered. Everything else is dropped."""
+    """Ingress to prefill and decode pods: the control API (HTTP) and KV events from the
+    router; ZMQ, KV events and NIXL (UCX's TCP port range) from each other; the metrics
+    port (/metrics, /health, /health/live), and only it, from the scraper's namespace when
+    a PodMonitor is rendered. Everything else is dropped (docs/security.md "Ports")."""
     tcp = "TCP"
     low, high = NIXL_PORT_RANGE
     ingress = [
@@ -69,7 +71,7 @@ def node_network_policy(spec: LLMDeploymentSpec) -> dict[str, Any]:
         ingress.append(
             {
                 "from": [{"namespaceSelector": {"matchLabels": namespace}}],
-                "ports": [{"protocol": tcp, "port": HTTP_PORT}],
+                "ports": [{"protocol": tcp, "port": METRICS_PORT}],
             }
         )
     return {

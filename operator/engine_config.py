@@ -13,6 +13,7 @@ from tandem.operator.names import (
     DEPLOYMENT_LABEL,
     EVENTS_PORT,
     HTTP_PORT,
+    METRICS_PORT,
     MODEL_DIR,
     ZMQ_PORT,
     short_hash,
@@ -97,6 +98,7 @@ def _engine_flags(spec: LLMDeploymentSpec) -> dict[str, Any]:
     engine = spec.engine
     return _common(spec) | {
         "http-port": HTTP_PORT,
+        "metrics-port": METRICS_PORT,
         "dtype": spec.model.dtype,
         "max-num-batched-tokens": engine.max_num_batched_tokens,
         "max-num-seqs": engine.max_num_seqs,

@@ -1,6 +1,7 @@
 """Names, labels and ports shared by every child of one LLMDeployment. The router finds
 its workers through these labels (`tandem.dev/role` on each Service, copied by Kubernetes
-onto its EndpointSlices) and port names (`http`), so they are defined once, here."""
+onto its EndpointSlices) and port names (`http`), so they are defined once, here; and the
+PodMonitor scrapes each pod's `metrics` port (the router's `http`)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ REVISION_LABEL = "tandem.dev/revision"
 CONFIG_HASH_ANNOTATION = "tandem.dev/config-hash"
 RESERVED_PREFIX = f"{GROUP}/"  # labels and annotations under it are the operator's
 
-HTTP_PORT = 8000
+HTTP_PORT = 8000  # the router's public API; a node's control API (the router's only)
+METRICS_PORT = 8001  # prefill and decode: /metrics and the probes' /health, /health/live
 ZMQ_PORT = 5557  # prefill: ROUTER socket taking prefill requests from decode pods
 EVENTS_PORT = 5558  # prefill and decode: PUB socket of KV events and load
 # UCX picks its TCP listening ports from this range (UCX_TCP_PORT_RANGE), so that the

@@ -18,6 +18,7 @@ from tandem.operator.names import (
     CONFIG_HASH_ANNOTATION,
     EVENTS_PORT,
     HTTP_PORT,
+    METRICS_PORT,
     NIXL_PORT_RANGE,
     POD_VOLUMES,
     REVISION_LABEL,
@@ -103,6 +104,8 @@ def _container(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
 
 def _ports(role: str) -> list[dict[str, Any]]:
     ports = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
+    if role != "router":
+        ports.append({"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"})
     if role == "prefill":
         ports.append({"name": "zmq", "containerPort": ZMQ_PORT, "protocol": "TCP"})
     if role != "router":
@@ -157,13 +160,15 @@ def _probes(role: str) -> dict[str, Any]:
     loop turns, the router once it has seen a healthy decode worker, and from then on). A
     node is alive while /health/live says so (loading, or the engine loop turned within its
     stall bound), the router while its HTTP port answers. The startup probe is TCP, so a
-    loading model is never killed."""
+    loading model is never killed. A node is probed on its metrics port, served by a thread
+    of its own; the router on its one port."""
+    port = "http" if role == "router" else "metrics"
 
     def http(path: str) -> dict[str, Any]:
-        return {"httpGet": {"path": path, "port": "http"}}
+        return {"httpGet": {"path": path, "port": port}}
 
     def tcp() -> dict[str, Any]:
-        return {"tcpSocket": {"port": "http"}}
+        return {"tcpSocket": {"port": port}}
 
     # a node's event loop may answer late while its engine thread is busy: 5 s, not 1
     live = tcp() if role == "router" else http("/health/live") | {"timeoutSeconds": 5}

@@ -84,7 +84,15 @@ def _config_map(spec: LLMDeploymentSpec, data: dict[str, str]) -> dict[str, Any]
 
 def _pod_monitor(spec: LLMDeploymentSpec) -> dict[str, Any]:
     monitor = spec.pod_monitor
-    endpoint = {"port": "http", "path": "/metrics", "interval": monitor.interval}
+    nodes = {"port": "metrics", "path": "/metrics", "interval": monitor.interval}
+    # The router serves /metrics on its one port, `http`; the nodes' `http` port (their
+    # control API) serves none, and the NetworkPolicy closes it to the scrapers.
+    only_router = {
+        "action": "keep",
+        "sourceLabels": [f"__meta_kubernetes_pod_label_{_label_name(ROLE_LABEL)}"],
+        "regex": "router",
+    }
+    router = nodes | {"port": "http", "relabelings": [only_router]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -97,9 +105,15 @@ def _pod_monitor(spec: LLMDeploymentSpec) -> dict[str, Any]:
             # on every series and on `up` (tandem_dev_deployment, tandem_dev_role): the
             # dashboards count a deployment's targets that are down by them
             "podTargetLabels": [DEPLOYMENT_LABEL, ROLE_LABEL],
-            "podMetricsEndpoints": [endpoint],
+            "podMetricsEndpoints": [nodes, router],
         },
     }
+
+
+def _label_name(label: str) -> str:
+    """A Kubernetes label as Prometheus's service discovery names it (`tandem.dev/role` ->
+    `tandem_dev_role`)."""
+    return "".join(c if c.isalnum() else "_" for c in label)
 
 
 def owned(obj: dict[str, Any], spec: LLMDeploymentSpec) -> dict[str, Any]:

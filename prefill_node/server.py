@@ -1,5 +1,5 @@
 """The prefill node process: a ZMQ ROUTER for prefill requests and aborts, the engine loop,
-and the HTTP app (`/health`, `/metrics`)."""
+and the HTTP apps (`/health` for the router; `/metrics` and the probes on the metrics port)."""
 
 from __future__ import annotations
 
@@ -153,6 +153,6 @@ def run(args: argparse.Namespace) -> None:
     try:
         NodeServer(
             build, registry, Heartbeat(args.engine_stall_timeout), args.debug_endpoints, token
-        ).serve(args.host, args.http_port, args.log_level)
+        ).serve(args.host, args.http_port, args.metrics_port, args.log_level)
     finally:
         traces.shutdown()

@@ -114,15 +114,17 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     children = []
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
-            http, zmq_port = free_port(), free_port()
+            http, metrics, zmq_port = free_port(), free_port(), free_port()
             cmd = [*python, f"tandem.{role}_node", *common]
-            cmd += ["--http-port", str(http), "--zmq-port", str(zmq_port)]
+            cmd += ["--http-port", str(http), "--metrics-port", str(metrics)]
+            cmd += ["--zmq-port", str(zmq_port)]
             cmd += ["--tensor-parallel-size", str(getattr(args, f"{role}_tensor_parallel_size"))]
             if role == "decode":
                 cmd += decode_flags(args)
             label = "ZMQ requests" if role == "prefill" else "KV events"
             url = f"http://127.0.0.1:{http}"
-            children.append(Child(f"{role}-{i}", cmd, url, f"{label} tcp://127.0.0.1:{zmq_port}"))
+            extra = f"{label} tcp://127.0.0.1:{zmq_port}  metrics :{metrics}"
+            children.append(Child(f"{role}-{i}", cmd, url, extra))
     router = [*python, "tandem.router", "--model", str(model), "--host", args.host]
     router += ["--port", str(args.port), "--policy", args.policy, "--log-level", args.log_level]
     router += ["--tool-call-parser", args.tool_call_parser]

@@ -90,13 +90,19 @@ class WorkerState:
         port = self.info.get("zmq_port")
         return f"tcp://{self.host}:{port}" if port and self.address.role == "prefill" else None
 
+    @property
+    def metrics_url(self) -> str | None:
+        """The node's /metrics, on its metrics port (reported by its /health)."""
+        port = self.info.get("metrics_port")
+        return f"http://{self.host}:{port}/metrics" if port else None
+
     def describe(self) -> dict[str, Any]:
         """The `/workers` entry."""
         load = self.load
         return {
             "role": self.address.role,
             "url": self.url,
-            "metrics_url": f"{self.url}/metrics",
+            "metrics_url": self.metrics_url,
             "healthy": self.healthy,
             "revision": self.info.get("revision"),
             "agent": self.agent,

@@ -114,6 +114,7 @@ class Node(Proc):
         self.extra = extra
         self.env = env or {}
         self.zmq_port = free_port()
+        self.metrics_port = free_port()
 
     def environment(self) -> dict[str, str]:
         return self.env
@@ -127,6 +128,7 @@ class Node(Proc):
             sys.executable, "-P", "-m", f"tandem.{self.role}_node",
             "--model", str(self.model),
             "--http-port", str(self.http_port), "--zmq-port", str(self.zmq_port),
+            "--metrics-port", str(self.metrics_port),
             "--threads", "1", "--log-level", "warning", "--debug-endpoints", *self.extra,
         ]  # fmt: skip
 
@@ -134,6 +136,10 @@ class Node(Proc):
     def headers(self) -> dict[str, str]:
         """What a caller of its control routes sends: the node's token, if it has one."""
         return DeploymentToken(self.env.get(TOKEN_ENV, os.environ.get(TOKEN_ENV, ""))).headers()
+
+    def metrics(self) -> str:
+        """From the metrics port: the control port serves no /metrics."""
+        return httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=HANG_S).text
 
     def kv(self) -> dict:
         return httpx.get(f"{self.url}/debug/kv", timeout=HANG_S, headers=self.headers).json()

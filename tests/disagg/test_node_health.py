@@ -1,7 +1,8 @@
-"""A node's `/health` and `/health/live` on its real app and engine thread, with a stand-in
+"""A node's `/health` and `/health/live` on its real apps and engine thread, with a stand-in
 worker instead of a model and a clock the test moves: loading is not a stall, an engine
 thread stuck in a step is one (503 with the reason), and a thread that turns again is
-healthy again."""
+healthy again. The probes ask the metrics app; the router's `/health` on the control app
+says the same."""
 
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ def node():
         return workers[0]
 
     server = NodeServer(build, CollectorRegistry(), Heartbeat(30.0, clock))
-    with TestClient(server.app) as client:
-        yield SimpleNamespace(client=client, clock=clock, loaded=loaded, workers=workers)
+    with TestClient(server.app) as control, TestClient(server.metrics_app) as client:
+        yield SimpleNamespace(client=client, control=control, clock=clock, loaded=loaded,
+                              workers=workers)  # fmt: skip
         loaded.set()
         if workers:
             workers[0].gate.set()
@@ -82,6 +84,7 @@ def test_a_loading_node_is_alive_but_not_ready_however_long_it_loads(node):
     node.loaded.set()
     assert wait_until(lambda: node.client.get("/health").status_code == 200)
     assert node.client.get("/health").json()["role"] == "decode"
+    assert node.control.get("/health").json() == node.client.get("/health").json()
 
 
 def test_an_engine_thread_stuck_in_a_step_is_503_with_the_reason_until_it_turns_again(node):
@@ -98,6 +101,8 @@ def test_an_engine_thread_stuck_in_a_step_is_503_with_the_reason_until_it_turns_
         assert r.status_code == 503, (path, r.text)
         assert r.json()["status"] == "engine stalled" and r.json()["stalled_s"] == 30.5
     assert node.client.get("/health").json()["agent"] == "a"  # the fields routers read
+    control = node.control.get("/health")
+    assert control.status_code == 503 and control.json()["agent"] == "a"
     worker.gate.set()
     assert wait_until(lambda: node.client.get("/health").status_code == 200)
     live = node.client.get("/health/live")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from pathlib import Path
 
 import kubernetes_validate
@@ -214,20 +215,22 @@ def test_a_nodes_liveness_checks_its_engine_and_startup_stays_tcp():
     """A stuck engine thread restarts a node (its /health/live fails); a loading model is
     never killed (the startup probe only needs the port); the router, which has no engine
     thread, stays alive while its port answers."""
-    node_paths = {route.path for route in NodeServer(None, CollectorRegistry()).app.routes}
+    node_paths = {r.path for r in NodeServer(None, CollectorRegistry()).metrics_app.routes}
     probed = 0
     for obj in render(example("full")):
         if obj["kind"] != "Deployment":
             continue
         role = obj["spec"]["template"]["metadata"]["labels"][ROLE_LABEL]
         main = obj["spec"]["template"]["spec"]["containers"][0]
-        assert "tcpSocket" in main["startupProbe"], role
-        assert main["readinessProbe"]["httpGet"]["path"] == "/health", role
+        port = "http" if role == "router" else "metrics"
+        assert main["startupProbe"]["tcpSocket"] == {"port": port}, role
+        assert main["readinessProbe"]["httpGet"] == {"path": "/health", "port": port}, role
         if role == "router":
             assert "tcpSocket" in main["livenessProbe"]
         else:
-            assert main["livenessProbe"]["httpGet"] == {"path": "/health/live", "port": "http"}
-            assert {"/health", "/health/live"} <= node_paths  # what the node serves
+            live = {"path": "/health/live", "port": "metrics"}
+            assert main["livenessProbe"]["httpGet"] == live
+            assert {"/health", "/health/live"} <= node_paths  # what the metrics port serves
             probed += 1
     assert probed == 2  # prefill and decode
 
@@ -294,6 +297,8 @@ def test_container_ports_match_the_flags_and_the_services():
         flags = json.loads(config[f"{role}.json"])
         ports = {p["name"]: p["containerPort"] for p in _container(objects, role)["ports"]}
         assert ports["http"] == flags.get("http-port", flags.get("port"))
+        if role != "router":
+            assert ports["metrics"] == flags["metrics-port"]
         if role == "prefill":
             assert (ports["zmq"], ports["events"]) == (flags["zmq-port"], flags["events-port"])
         if role == "decode":
@@ -321,18 +326,41 @@ def test_router_discovers_the_rendered_services():
     assert sorted(w.role for w in workers) == ["decode", "prefill"]
 
 
-def test_pod_monitor_selects_every_pool_on_a_named_port():
+def scraped_port(endpoints: list[dict], labels: dict[str, str], ports: set[str]) -> str:
+    """The one port a pod with these labels and container port names is scraped on, as
+    Prometheus applies the endpoints (each keeps pods with its port, then its relabelings;
+    this test needs only `keep` on a pod label)."""
+    sd_labels = {"__meta_kubernetes_pod_label_" + re.sub(r"\W", "_", k): v
+                 for k, v in labels.items()}  # fmt: skip
+    scraped = []
+    for endpoint in endpoints:
+        kept = endpoint["port"] in ports
+        for rule in endpoint.get("relabelings", []):
+            assert rule["action"] == "keep" and len(rule["sourceLabels"]) == 1
+            value = sd_labels[rule["sourceLabels"][0]]
+            kept = kept and re.fullmatch(rule["regex"], value) is not None
+        if kept:
+            scraped.append(endpoint["port"])
+    (port,) = scraped
+    return port
+
+
+def test_pod_monitor_scrapes_each_pool_once_on_its_metrics_port():
     objects = render(example("full"))
     (monitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     selector = monitor["spec"]["selector"]["matchLabels"]
-    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert {e["path"] for e in endpoints} == {"/metrics"}
+    scraped = {}
     for obj in objects:
         if obj["kind"] == "Deployment":
             template = obj["spec"]["template"]
-            assert selector.items() <= template["metadata"]["labels"].items()
+            labels = template["metadata"]["labels"]
+            assert selector.items() <= labels.items()
             ports = {p["name"] for p in template["spec"]["containers"][0]["ports"]}
-            assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+            scraped[labels[ROLE_LABEL]] = scraped_port(endpoints, labels, ports)
+    assert scraped == {"router": "http", "prefill": "metrics", "decode": "metrics"}
     assert not any(o["kind"] == "PodMonitor" for o in render(example("minimal")))
 
 
@@ -349,7 +377,26 @@ def test_network_policy_opens_only_the_ports_each_peer_uses():
     decode_env = {e["name"]: e.get("value") for e in _container(objects, "decode")["env"]}
     assert decode_env["UCX_TCP_PORT_RANGE"] == "20000-20999"
     scraper = next(v for k, v in rules.items() if "monitoring" in k)
-    assert [p["port"] for p in scraper] == [8000]
+    assert [p["port"] for p in scraper] == [8001]
+
+
+def test_scrapers_reach_only_the_metrics_port_of_a_node():
+    """Every rule that lets the scrapers' namespace in names one port, the containers'
+    `metrics`, which no other rule opens (the control API, ZMQ, KV events and NIXL stay
+    the deployment's own)."""
+    objects = by_key(render(example("full")))
+    ingress = objects[("NetworkPolicy", "qwen-nodes")]["spec"]["ingress"]
+    scraper = [r for r in ingress if any("namespaceSelector" in f for f in r["from"])]
+    assert [len(r["from"]) for r in scraper] == [1]
+    (metrics,) = {p["containerPort"] for p in _container(objects, "decode")["ports"]
+                  if p["name"] == "metrics"}  # fmt: skip
+    assert [p["port"] for p in scraper[0]["ports"]] == [metrics]
+    assert all("endPort" not in p for p in scraper[0]["ports"])
+    others = {p["port"] for r in ingress if r not in scraper for p in r["ports"]}
+    assert metrics not in others
+    for rule in ingress:
+        for peer in rule["from"]:
+            assert "ipBlock" not in peer and ("namespaceSelector" in peer) == (rule in scraper)
 
 
 def test_golden_files_parse_as_yaml():

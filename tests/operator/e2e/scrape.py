@@ -1,7 +1,8 @@
 """Prometheus's pod discovery as the Prometheus Operator configures it for a PodMonitor:
 `kubernetes_sd_configs` (role pod) against the suite's API server, then relabelling that
 keeps the monitor's pods and port and gives every series `namespace`, `pod`, `container`,
-`endpoint`, `job` and the monitor's `podTargetLabels`."""
+`endpoint`, `job` and the monitor's `podTargetLabels`, then the endpoint's own
+`relabelings`; one scrape job per endpoint."""
 
 from __future__ import annotations
 
@@ -36,12 +37,23 @@ def label_name(key: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", key)
 
 
-def pod_monitor_job(
+def pod_monitor_jobs(
     monitor: dict[str, Any], api_server: str, ca: Path, token_file: Path
+) -> list[dict[str, Any]]:
+    """The scrape configs for one PodMonitor object, one per endpoint (Tandem's: the
+    nodes' `metrics` port, and the router's `http` port kept to the router by a
+    relabeling)."""
+    return [
+        _endpoint_job(monitor, i, api_server, ca, token_file)
+        for i in range(len(monitor["spec"]["podMetricsEndpoints"]))
+    ]
+
+
+def _endpoint_job(
+    monitor: dict[str, Any], index: int, api_server: str, ca: Path, token_file: Path
 ) -> dict[str, Any]:
-    """The scrape config for one PodMonitor object (its first endpoint)."""
     meta, spec = monitor["metadata"], monitor["spec"]
-    (endpoint,) = spec["podMetricsEndpoints"]
+    endpoint = spec["podMetricsEndpoints"][index]
     keep = [
         {
             "action": "keep",
@@ -66,9 +78,10 @@ def pod_monitor_job(
            "target_label": label_name(k)} for k in spec.get("podTargetLabels", [])),
         {"target_label": "job", "replacement": f"{meta['namespace']}/{meta['name']}"},
         {"target_label": "endpoint", "replacement": endpoint["port"]},
+        *(_relabel(rule) for rule in endpoint.get("relabelings", [])),
     ]  # fmt: skip
     return {
-        "job_name": f"podMonitor/{meta['namespace']}/{meta['name']}/0",
+        "job_name": f"podMonitor/{meta['namespace']}/{meta['name']}/{index}",
         "metrics_path": endpoint.get("path", "/metrics"),
         "kubernetes_sd_configs": [{
             "role": "pod", "api_server": api_server,
@@ -78,3 +91,9 @@ def pod_monitor_job(
         }],
         "relabel_configs": relabel,
     }  # fmt: skip
+
+
+def _relabel(rule: dict[str, Any]) -> dict[str, Any]:
+    """A PodMonitor relabeling (camelCase fields) as Prometheus's relabel config."""
+    names = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return {names.get(k, k): v for k, v in rule.items()}

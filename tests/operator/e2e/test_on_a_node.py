@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from tandem.operator.names import METRICS_PORT
 from tandem.operator.render import render
 from tandem.operator.spec import DEFAULT_IMAGE
 from tests.assets import smollm2
@@ -48,7 +49,7 @@ from tests.operator.e2e.journey import (
 )
 from tests.operator.e2e.node import STATE
 from tests.operator.e2e.pairing import Pairings
-from tests.operator.e2e.scrape import NO_PROMETHEUS, kubernetes_prometheus, pod_monitor_job
+from tests.operator.e2e.scrape import NO_PROMETHEUS, kubernetes_prometheus, pod_monitor_jobs
 from tests.router.prometheus import Prometheus
 from tests.router.test_prometheus import RULES, dashboard_queries, rules
 
@@ -124,7 +125,8 @@ def prometheus(ready, cluster, tmp_path_factory):
                           metrics={"podMonitor": {"enabled": True}})  # fmt: skip
     monitors += [o for o in chart if o["kind"] == "PodMonitor"]
     assert len(monitors) == 2
-    jobs = [pod_monitor_job(m, cluster.plane.server, cluster.plane.ca, token) for m in monitors]
+    plane = cluster.plane
+    jobs = [job for m in monitors for job in pod_monitor_jobs(m, plane.server, plane.ca, token)]
     server = Prometheus(workdir, jobs, [RULES], program).start()
     yield server
     server.stop()
@@ -203,11 +205,11 @@ def test_the_kv_cache_crosses_from_the_prefill_pod_to_the_decode_pod_over_nixl(r
     client.chat.completions.create(model=MODEL_NAME, messages=PROMPT, max_tokens=4)
     (prefill_ip,) = ready.ready_ips("prefill")
     (decode_ip,) = ready.ready_ips("decode")
-    prefill = f"http://{prefill_ip}:8000/metrics"
+    prefill = f"http://{prefill_ip}:{METRICS_PORT}/metrics"
     written = sum_metric(prefill, "tandem_kv_transfer_bytes_total")
     seconds = sum_metric(prefill, "tandem_kv_transfer_seconds_sum")
-    remote = sum_metric(f"http://{decode_ip}:8000/metrics", "tandem_disagg_decisions_total",
-                        decision="remote")  # fmt: skip
+    decode = f"http://{decode_ip}:{METRICS_PORT}/metrics"
+    remote = sum_metric(decode, "tandem_disagg_decisions_total", decision="remote")
     assert written > 0 and seconds > 0 and remote > 0
     report("nixl_transfer", {"bytes": written, "seconds": round(seconds, 4),
                              "mb_per_s": round(written / seconds / 1e6, 1)})  # fmt: skip
@@ -307,7 +309,7 @@ def test_a_killed_prefill_pod_makes_decode_fall_back(ready):
     too); no request fails."""
     (old,) = ready.current("prefill")
     (decode_ip,) = ready.ready_ips("decode")
-    metrics = f"http://{decode_ip}:8000/metrics"
+    metrics = f"http://{decode_ip}:{METRICS_PORT}/metrics"
     fallbacks = lambda: sum_metric(metrics, "tandem_prefill_fallbacks_total")  # noqa: E731
     local = lambda: sum_metric(metrics, "tandem_disagg_decisions_total", decision="local")  # noqa: E731
     before = {"fallbacks": fallbacks(), "local": local()}
