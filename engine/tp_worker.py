@@ -44,8 +44,8 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT = timedelta(minutes=5)
 
 # How often a rank's agent makes progress while no command arrives: while writes are in
-# flight (its own, or into it), and, rarely, otherwise (a late write into a block whose
-# hold timed out still completes).
+# flight (its own, or into it: rank 0 says so while requests wait for KV or holds, quarantined
+# ones included, wait for their writer), and, rarely, otherwise.
 _WRITE_POLL_S = 0.0005
 _IDLE_POLL_S = 0.1
 
