@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from tandem.engine.config import EngineConfig
+from tandem.engine.kv_staging import rank_staging_cuts
 from tandem.engine.kv_transfer import KVTransferAgent
 from tandem.engine.model_shard import ModelShard
 from tandem.engine.parallel import TensorParallel
@@ -134,7 +135,8 @@ class RankCommands:
             agent = KVTransferAgent(
                 name, self.shard.kv_cache, shape.kv_head_start, model.num_kv_heads
             )
-            self.kv = RankKV(agent, self.shard.kv_cache)
+            cuts = rank_staging_cuts(self.shard.config, self.shard.tp.rank)
+            self.kv = RankKV(agent, self.shard.kv_cache, cuts)
             self.conn.send(("agent", call_id, agent.info()))
         elif kind == "write":
             write_id = args[0]
