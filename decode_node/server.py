@@ -100,7 +100,12 @@ class DecodeLoop:
         return {"events_port": self.publisher.port}
 
     def debug_report(self) -> dict[str, object]:
-        return {}
+        """Holds past their timeout whose writer may still write (part of `held`)."""
+        failover = self.worker.failover
+        return {
+            "quarantined": failover.num_quarantined_blocks,
+            "quarantined_holds": sorted(failover.quarantined),
+        }
 
     def close(self) -> None:
         self.client.close()

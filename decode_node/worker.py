@@ -8,7 +8,9 @@ or a failure report moves the request to the next prefill worker once, then pref
 here (`recompute`) or fails it (`fail`), counted in `tandem_prefill_fallbacks_total` and
 logged with the request id; so does a dropped connection to the worker, at once. Destination
 blocks of an abandoned attempt stay held until the prefill worker confirms that nothing more
-will land in them (or `hold_timeout_s`); the abort is sent again every `ABORT_RESEND_S`
+will land in them; past `hold_timeout_s` they are quarantined (still held, counted in
+`tandem_kv_quarantined_blocks`) until it confirms or its connection drops (fencing,
+docs/disaggregation.md); the abort is sent again every `ABORT_RESEND_S`
 until then, so a worker that died and restarted (its successor never heard of the attempt,
 and confirms at once) gives the blocks back as soon as it is up. The policy and the holds'
 bookkeeping are `tandem.engine.prefill_failover.PrefillFailover`, which the simulator runs
@@ -43,7 +45,12 @@ from tandem.engine.kv_transfer import (
 )
 from tandem.engine.llm_engine import validate_prompt
 from tandem.engine.node_core import NodeCore
-from tandem.engine.prefill_failover import ABORT_RESEND_S, DecodeOptions, PrefillFailover
+from tandem.engine.prefill_failover import (
+    ABORT_RESEND_S,
+    DecodeOptions,
+    HoldExpiry,
+    PrefillFailover,
+)
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.sampler import skip_draw
 from tandem.engine.sampling_params import SamplingParams
@@ -56,6 +63,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["ABORT_RESEND_S", "DecodeOptions", "DecodeWorker", "DuplicateRequest", "GenerateInput"]
 
 Sink = Callable[[dict[str, Any]], None]
+
+# How a quarantined hold's release is logged, by `tandem_kv_quarantine_releases_total` reason.
+_RELEASE_DETAIL = {
+    "confirmed": "the prefill worker confirmed late",
+    "writer_lost": "the connection to its prefill worker was lost",
+}
 
 
 class DuplicateRequest(ValueError):
@@ -201,7 +214,9 @@ class DecodeWorker:
 
     @property
     def waiting_remote(self) -> bool:
-        return bool(self.core.scheduler.remote) or bool(self.failover.hold_deadlines)
+        """Writes may land: requests wait for KV, or holds (quarantined ones too) wait for
+        their writer's confirmation."""
+        return bool(self.core.scheduler.remote) or bool(self.failover.unconfirmed)
 
     def step(self) -> None:
         """Deadlines, then one scheduled step: remote prefills sent, the batch run."""
@@ -225,6 +240,7 @@ class DecodeWorker:
                 if token is not None:
                     self._on_token(self.streams[request.request_id])
         self._send_aborts()
+        m.child(m.kv_quarantined).set(self.failover.num_quarantined_blocks)
 
     def on_notification(self, sender: str, data: bytes) -> None:
         """A prefill worker's `PrefillDone`; anything else is counted and dropped."""
@@ -264,10 +280,19 @@ class DecodeWorker:
 
     def on_disconnect(self, endpoint: str) -> None:
         """The connection to a prefill worker dropped: every attempt waiting on it fails
-        over now (its blocks stay held until that worker, or its successor, confirms)."""
+                over now. Their holds stay until that worker (or its successor) confirms, or their
+        timeout passes; its quarantined holds are released now: a process that lost its
+        connection is taken for dead, and nothing it posted can land any more."""
         for request in self.failover.waiting_on(endpoint):
             stream = self.streams[request.request_id]
             self._fall_back(stream, "disconnected", f"lost the connection to {endpoint}")
+        quarantined = [k for k in self.failover.quarantined if self._held_for(k, endpoint)]
+        for key in quarantined:
+            self._release_hold(key, "writer_lost")
+        self.failover.writer_lost(endpoint)
+
+    def _held_for(self, key: str, worker: str) -> bool:
+        return self.failover.unconfirmed[key].worker == worker
 
     # -- remote prefill -------------------------------------------------------------------
 
@@ -388,10 +413,27 @@ class DecodeWorker:
         for request in self.failover.overdue(now):
             stream = self.streams[request.request_id]
             self._fall_back(stream, "timeout", f"no answer from {request.prefill_worker}")
-        for key in self.failover.expired_holds(now):
-            with request_log.request_context(self.hold_log_ids.get(key)):
-                logger.warning("hold %s: no confirmation from the prefill worker; releasing", key)
-            self._release_hold(key)
+        for expiry in self.failover.expire_holds(now):
+            self._on_hold_expired(expiry)
+
+    def _on_hold_expired(self, expiry: HoldExpiry) -> None:
+        """Log and count a hold timeout: quarantined while its writer may still write."""
+        key = expiry.key
+        with request_log.request_context(self.hold_log_ids.get(key)):
+            if not expiry.quarantined:
+                logger.warning(
+                    "hold %s: no confirmation from the prefill worker, whose connection "
+                    "was lost; releasing", key,
+                )  # fmt: skip
+                self.hold_log_ids.pop(key, None)
+                return
+            logger.warning(
+                "hold %s: no confirmation from the prefill worker; quarantining %d blocks "
+                "until %s confirms or its connection drops",
+                key, self.core.kv.num_blocks_held(key), expiry.worker,
+            )  # fmt: skip
+        m = self.core.metrics
+        m.child(m.quarantines).inc()
 
     def _send_aborts(self) -> None:
         """Tell prefill workers about abandoned attempts, and again every ABORT_RESEND_S
@@ -405,7 +447,17 @@ class DecodeWorker:
             hold.worker, AbortPrefill(hold.request_id, hold.attempt, self._agent_info.name)
         )
 
-    def _release_hold(self, key: str) -> None:
+    def _release_hold(self, key: str, reason: str = "confirmed") -> None:
+        """Give the hold's blocks back (nothing more lands in them); a quarantined hold's
+        release is logged and counted by `reason` (confirmed, writer_lost)."""
+        if self.failover.is_quarantined(key):
+            with request_log.request_context(self.hold_log_ids.get(key)):
+                logger.warning(
+                    "hold %s: %s; releasing %d quarantined blocks",
+                    key, _RELEASE_DETAIL[reason], self.core.kv.num_blocks_held(key),
+                )  # fmt: skip
+            m = self.core.metrics
+            m.child(m.quarantine_releases, reason=reason).inc()
         self.hold_log_ids.pop(key, None)
         self.failover.release(key)
 

@@ -239,6 +239,9 @@ class CacheConfig:
     num_blocks: int = 0
     enable_prefix_caching: bool = True
     hugepages: bool = False
+    # Tensor-parallel sizes of the nodes this one writes KV to: the staging mirrors they
+    # need are planned with the cache (`tandem.engine.kv_staging`). Empty: our own size.
+    peer_tensor_parallel_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -282,6 +285,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_tensor_parallel_size(self.model, self.tensor_parallel_size)
+        for peer in self.cache.peer_tensor_parallel_sizes:
+            check_tensor_parallel_size(self.model, peer)
         tp = self.tensor_parallel_size
         first = self.device.index or 0  # rank r runs on cuda:(first + r)
         if tp > 1 and self.device.type == "cuda" and first + tp > torch.cuda.device_count():

@@ -148,6 +148,10 @@ class KVCacheManager:
     def is_held(self, key: str) -> bool:
         return key in self._holds
 
+    def num_blocks_held(self, key: str) -> int:
+        """Blocks under the hold `key` (0 if there is none)."""
+        return len(self._holds.get(key, ()))
+
     def hold_keys(self) -> list[str]:
         return list(self._holds)
 

@@ -27,7 +27,8 @@ from tandem.engine.config import (
 )
 from tandem.engine.grammar import GrammarCompiler
 from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.model_runner import ModelRunner, activation_bytes, kv_block_bytes
+from tandem.engine.kv_staging import plan_block_bytes
+from tandem.engine.model_runner import ModelRunner, activation_bytes
 from tandem.engine.output_processor import OutputProcessor
 from tandem.engine.outputs import RequestOutput
 from tandem.engine.request import Request, RequestStatus
@@ -58,6 +59,7 @@ class EngineArgs:
     enforce_eager: bool = False
     kv_hugepages: bool = False
     tensor_parallel_size: int = 1
+    peer_tensor_parallel_sizes: tuple[int, ...] = ()  # of the nodes this one writes KV to
 
     def create_config(self) -> EngineConfig:
         model = ModelConfig.from_pretrained(self.model)
@@ -72,7 +74,13 @@ class EngineArgs:
         probe = EngineConfig(
             self.model,
             model,
-            CacheConfig(self.block_size, 1, self.enable_prefix_caching, self.kv_hugepages),
+            CacheConfig(
+                self.block_size,
+                1,
+                self.enable_prefix_caching,
+                self.kv_hugepages,
+                tuple(self.peer_tensor_parallel_sizes),
+            ),
             scheduler,
             device,
             resolve_dtype(self.dtype, model, device),
@@ -90,8 +98,9 @@ class EngineArgs:
     def _default_num_blocks(self, probe: EngineConfig) -> int:
         """On a GPU, what fits in `gpu_memory_utilization` of the free memory once the
         weights and the activations of the largest step are counted; on the CPU, enough for
-        every sequence at full length, capped by a fixed budget."""
-        block_bytes = kv_block_bytes(probe)
+        every sequence at full length, capped by a fixed budget. A block costs its slot in
+        every staging mirror too (`kv_staging`)."""
+        block_bytes = plan_block_bytes(probe)
         if probe.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(probe.device)
             weights = probe.model.num_parameters() * probe.dtype.itemsize
@@ -115,7 +124,7 @@ def device_memory_bytes(device: torch.device) -> int:
 def check_kv_cache_fits(config: EngineConfig, num_blocks: int) -> None:
     """Raise ValueError when `num_blocks` blocks exceed the device's whole memory, before
     the block pool (one Python object per block) or the tensor is built."""
-    need, have = num_blocks * kv_block_bytes(config), device_memory_bytes(config.device)
+    need, have = num_blocks * plan_block_bytes(config), device_memory_bytes(config.device)
     if need > have:
         raise ValueError(
             f"num_kv_blocks={num_blocks}: a KV cache of {need / 2**30:.1f} GiB does not fit "

@@ -17,6 +17,7 @@ LABELS = ("model", "role", "pod")
 TRANSFER_FAILURE_REASONS = ("post", "write", "notify")
 FALLBACK_REASONS = ("error", "disconnected", "unreachable", "timeout")
 DISAGG_DECISIONS = ("local", "remote")
+QUARANTINE_RELEASE_REASONS = ("confirmed", "writer_lost")
 # What a node refuses (or partly ignores) at its boundary, by role (docs/security.md).
 REFUSAL_REASONS = {
     "prefill": ("invalid", "peer", "error", "undecodable", "unpaired", "unauthenticated"),
@@ -73,6 +74,16 @@ class NodeMetrics:
         self.prefill_fallbacks = self._counter(
             "tandem_prefill_fallbacks_total", "Remote prefills that failed over.", ("reason",)
         )
+        self.kv_quarantined = self._gauge(
+            "tandem_kv_quarantined_blocks",
+            "KV blocks of abandoned remote prefills whose writer may still write into them.",
+        )
+        self.quarantines = self._counter(
+            "tandem_kv_quarantines_total", "Holds quarantined: their timeout passed unconfirmed."
+        )
+        self.quarantine_releases = self._counter(
+            "tandem_kv_quarantine_releases_total", "Quarantined holds released.", ("reason",)
+        )
         self.refused_inputs = self._counter(
             "tandem_refused_inputs_total",
             "Messages and requests a node refused, or partly ignored, at its boundary.",
@@ -106,6 +117,10 @@ class NodeMetrics:
                 self.child(self.prefill_fallbacks, reason=reason)
             for decision in DISAGG_DECISIONS:
                 self.child(self.disagg_decisions, decision=decision)
+            self.child(self.kv_quarantined)
+            self.child(self.quarantines)
+            for reason in QUARANTINE_RELEASE_REASONS:
+                self.child(self.quarantine_releases, reason=reason)
 
     def observe_step(self, out: SchedulerOutput) -> None:
         """One engine step ran `out`."""

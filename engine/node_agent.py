@@ -28,6 +28,7 @@ from tandem.engine.kv_heads import (
     num_descs,
     plan_pieces,
 )
+from tandem.engine.kv_staging import rank_staging_cuts
 from tandem.engine.kv_transfer import (
     MAX_REMOTE_AGENTS,
     AgentInfo,
@@ -73,7 +74,8 @@ class NodeAgent:
         if runner.workers is not None:
             for rank in range(1, runner.shard.tp.size):
                 ranks.append(runner.workers.call(rank, "agent", f"{name}-r{rank}"))
-        return cls(RankKV(agent, runner.kv_cache), runner.workers, ranks)
+        cuts = rank_staging_cuts(runner.config, 0)
+        return cls(RankKV(agent, runner.kv_cache, cuts), runner.workers, ranks)
 
     @property
     def name(self) -> str:

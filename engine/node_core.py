@@ -123,6 +123,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         enforce_eager=args.enforce_eager,
         kv_hugepages=args.kv_hugepages,
         tensor_parallel_size=args.tensor_parallel_size,
+        peer_tensor_parallel_sizes=tuple(getattr(args, "peer_tensor_parallel_sizes", ())),
     )
 
 

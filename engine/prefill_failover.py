@@ -10,9 +10,15 @@ Policy: a deadline (`prefill_timeout_s`), a failure report, a dropped connection
 that could not be queued moves the request to the first untried alternate prefill worker
 once, then prefills it here (`recompute`) or fails it (`fail`). Destination blocks of an
 abandoned attempt (`Scheduler.abandoned_remote`) stay held until the prefill worker confirms
-that nothing more will land in them, or `hold_timeout_s` passes; the abort is sent again
-every `ABORT_RESEND_S` until then, so a worker that died and restarted (its successor never
-heard of the attempt, and confirms at once) gives the blocks back as soon as it is up.
+that nothing more will land in them; the abort is sent again every `ABORT_RESEND_S` until
+then, so a worker that died and restarted (its successor never heard of the attempt, and
+confirms at once) gives the blocks back as soon as it is up.
+
+Fencing: a block is reused only when no write into it can still land. A hold whose
+`hold_timeout_s` passes without a confirmation is *quarantined*, not released: its blocks
+stay out of the free pool (and are counted apart) until the worker confirms late, or its
+control connection drops (`writer_lost`: the process died, and its posted writes with it).
+A hold whose worker was already lost when its timeout passes is released then.
 """
 
 from __future__ import annotations
@@ -53,6 +59,16 @@ class Attempts:
 
 
 @dataclass(frozen=True)
+class HoldExpiry:
+    """A hold whose timeout passed unconfirmed: `quarantined` (its writer may still write)
+    or released (its writer's connection was lost before)."""
+
+    key: str
+    worker: str
+    quarantined: bool
+
+
+@dataclass(frozen=True)
 class Fallback:
     """What the policy did with a failed attempt: `retry_on` the next worker, prefill here
     (`local`), or neither (`failed`: the scheduler has finished the request in error and the
@@ -90,6 +106,8 @@ class PrefillFailover:
         self.attempts: dict[str, Attempts] = {}  # request id ->
         self.hold_deadlines: dict[str, float] = {}  # hold key ->
         self.unconfirmed: dict[str, RemoteHold] = {}  # same keys: the aborts to resend
+        self.quarantined: set[str] = set()  # unconfirmed keys past their hold timeout
+        self.lost: set[str] = set()  # unconfirmed keys whose worker's connection dropped
         self.next_resend = 0.0
 
     # -- requests ---------------------------------------------------------------------------
@@ -154,6 +172,7 @@ class PrefillFailover:
         unsent = []
         for hold in self.scheduler.abandoned_remote:
             if not self.kv.is_held(hold.key):
+                self.lost.discard(hold.key)
                 continue  # already released: the worker reported that nothing is in flight
             self.hold_deadlines[hold.key] = now + self.options.hold_timeout_s
             self.unconfirmed[hold.key] = hold
@@ -169,14 +188,46 @@ class PrefillFailover:
         holds = [*self.scheduler.abandoned_remote, *self.unconfirmed.values()]
         return any(h.request_id == request_id and self.kv.is_held(h.key) for h in holds)
 
-    def expired_holds(self, now: float) -> list[str]:
-        """Keys of the holds whose worker never confirmed by their deadline (to release)."""
-        return [key for key, deadline in self.hold_deadlines.items() if now >= deadline]
+    def expire_holds(self, now: float) -> list[HoldExpiry]:
+        """End the hold timeouts passed by `now`: a hold whose worker was lost is released,
+        any other is quarantined (kept, and its abort still resent, until `release` or
+        `writer_lost`)."""
+        expired = []
+        for key in [k for k, deadline in self.hold_deadlines.items() if now >= deadline]:
+            del self.hold_deadlines[key]
+            worker = self.unconfirmed[key].worker
+            if key in self.lost:
+                self.release(key)
+                expired.append(HoldExpiry(key, worker, quarantined=False))
+            else:
+                self.quarantined.add(key)
+                expired.append(HoldExpiry(key, worker, quarantined=True))
+        return expired
+
+    def writer_lost(self, worker: str) -> list[str]:
+        """The control connection to `worker` dropped: nothing it posted can land any more.
+        Its quarantined holds are released now (their keys returned); its other holds are
+        released when their timeout passes, unless it confirms first."""
+        holds = [*self.scheduler.abandoned_remote, *self.unconfirmed.values()]
+        self.lost.update(h.key for h in holds if h.worker == worker)
+        released = sorted(k for k in self.quarantined if self.unconfirmed[k].worker == worker)
+        for key in released:
+            self.release(key)
+        return released
+
+    def is_quarantined(self, key: str) -> bool:
+        return key in self.quarantined
+
+    @property
+    def num_quarantined_blocks(self) -> int:
+        return sum(self.kv.num_blocks_held(key) for key in self.quarantined)
 
     def release(self, key: str) -> None:
         """Nothing more lands in the attempt's blocks: give them back."""
         self.hold_deadlines.pop(key, None)
         self.unconfirmed.pop(key, None)
+        self.quarantined.discard(key)
+        self.lost.discard(key)
         self.kv.release(key)
 
     def next_due(self) -> float | None:

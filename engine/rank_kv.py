@@ -6,11 +6,14 @@ Rank 0 of a node uses its `RankKV` directly; ranks 1..N-1 own theirs in their pr
 (`tandem.engine.tp_worker`) and act on commands from rank 0 (`NodeAgent`), reporting each
 write's end back to it. A staging mirror has the cache's block count and block size, so
 block `b` of a write is staged at slot `b`: two writes of one block at once (a cached
-prefix sent to two decode nodes) stage the same bytes there.
+prefix sent to two decode nodes) stage the same bytes there. The mirrors are allocated
+with the rank's agent, one per split of its heads that the memory plan counted
+(`tandem.engine.kv_staging`); a write never allocates one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -32,12 +35,23 @@ class PeerPiece:
 class RankKV:
     """Owns one rank's agent, staging mirrors and in-flight writes. One thread uses it."""
 
-    def __init__(self, agent: KVTransferAgent, kv_cache: torch.Tensor) -> None:
+    def __init__(
+        self,
+        agent: KVTransferAgent,
+        kv_cache: torch.Tensor,
+        staging_cuts: Sequence[tuple[HeadRange, ...]] = (),
+    ) -> None:
         """`kv_cache`: [num_blocks, L, 2, block_size, this rank's KV heads, D], registered
-        with `agent`."""
+        with `agent`. One staging mirror is allocated and registered now for each split in
+        `staging_cuts` (the plan's, `kv_staging.staging_cuts`)."""
         self.agent = agent
         self.kv_cache = kv_cache
         self._staging: dict[tuple[HeadRange, ...], torch.Tensor] = {}
+        shape = (kv_cache.shape[0], kv_cache[0].numel())  # [num_blocks, block elements]
+        for cuts in staging_cuts:
+            staging = torch.zeros(shape, dtype=kv_cache.dtype, device=kv_cache.device)
+            agent.register(staging)
+            self._staging[tuple(cuts)] = staging
         self._in_flight: dict[int, list[Transfer]] = {}  # write id -> its transfers
         self._failed: set[int] = set()  # writes of which a part could not be posted
 
@@ -77,18 +91,22 @@ class RankKV:
         self._in_flight[write_id] = transfers
         return self._state(write_id)
 
+    @property
+    def num_mirrors(self) -> int:
+        return len(self._staging)
+
     def _staged(self, parts: list[PeerPiece], src_ids: list[int]) -> torch.Tensor | None:
-        """The blocks re-packed into pieces, when a piece is not all of our heads."""
+        """The blocks re-packed into pieces, when a piece is not all of our heads. Raises
+        ValueError (nothing posted) when no mirror was planned for this split."""
         if all(is_whole(p.piece, self.heads) for p in parts):
             return None
         cuts = tuple(cuts_of([p.piece for p in parts], self.heads))
         staging = self._staging.get(cuts)
         if staging is None:
-            cache = self.kv_cache
-            shape = (cache.shape[0], cache[0].numel())  # [num_blocks, block elements]
-            staging = torch.zeros(shape, dtype=cache.dtype, device=cache.device)
-            self.agent.register(staging)
-            self._staging[cuts] = staging
+            raise ValueError(
+                f"no staging mirror planned for KV heads split as {list(cuts)}: start this "
+                "node with --peer-tensor-parallel-sizes naming its peers' sizes"
+            )
         stage_blocks(self.kv_cache, staging, src_ids, list(cuts))
         return staging
 

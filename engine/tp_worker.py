@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from tandem.engine.config import EngineConfig
+from tandem.engine.kv_staging import rank_staging_cuts
 from tandem.engine.kv_transfer import KVTransferAgent
 from tandem.engine.model_shard import ModelShard
 from tandem.engine.parallel import TensorParallel
@@ -44,8 +45,8 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT = timedelta(minutes=5)
 
 # How often a rank's agent makes progress while no command arrives: while writes are in
-# flight (its own, or into it), and, rarely, otherwise (a late write into a block whose
-# hold timed out still completes).
+# flight (its own, or into it: rank 0 says so while requests wait for KV or holds, quarantined
+# ones included, wait for their writer), and, rarely, otherwise.
 _WRITE_POLL_S = 0.0005
 _IDLE_POLL_S = 0.1
 
@@ -134,7 +135,8 @@ class RankCommands:
             agent = KVTransferAgent(
                 name, self.shard.kv_cache, shape.kv_head_start, model.num_kv_heads
             )
-            self.kv = RankKV(agent, self.shard.kv_cache)
+            cuts = rank_staging_cuts(self.shard.config, self.shard.tp.rank)
+            self.kv = RankKV(agent, self.shard.kv_cache, cuts)
             self.conn.send(("agent", call_id, agent.info()))
         elif kind == "write":
             write_id = args[0]

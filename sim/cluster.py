@@ -151,7 +151,7 @@ class Cluster:
         # on a CPU host, the router's event loop and the clients' (one process each)
         self.router_process = HostProcess(self.cores)
         self.client_process = HostProcess(self.cores)
-        self.num_hold_timeouts = 0  # holds released by their deadline, not a confirmation
+        self.num_hold_timeouts = 0  # holds past their deadline unconfirmed (quarantined or freed)
         self.records: dict[str, RequestRecord] = {}
         self._live: dict[str, _Live] = {}
         self._sched = SchedulerConfig(

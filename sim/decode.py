@@ -4,7 +4,7 @@ real fail-over code, `tandem.engine.prefill_failover.PrefillFailover` with `Deco
 the object `DecodeWorker` drives.
 
 This node drives it as `DecodeWorker` does, on the simulated clock: before each step the
-prefill deadlines and hold timeouts (`overdue`, `expired_holds`), after scheduling the
+prefill deadlines and hold timeouts (`overdue`, `expire_holds`), after scheduling the
 remote prefills sent and the aborts (`send_aborts`); a failure report or a dropped
 connection falls back at once (`fall_back`), and so does a send to a worker whose
 connection is down (`unreachable`); a confirmation (`AbortAck`, a failure report, the late
@@ -100,8 +100,7 @@ class SimDecode(SimNode):
         now = self.cluster.events.now
         for request in self.failover.overdue(now):
             self._fall_back(request.request_id, "timeout")
-        for key in self.failover.expired_holds(now):
-            self.failover.release(key)
+        for _ in self.failover.expire_holds(now):  # released, or quarantined
             self.cluster.num_hold_timeouts += 1
 
     def _arm(self) -> None:
@@ -190,6 +189,7 @@ class SimDecode(SimNode):
         self.down.add(endpoint)
         for request in self.failover.waiting_on(endpoint):
             self._fall_back(request.request_id, "disconnected")
+        self.failover.writer_lost(endpoint)  # its quarantined holds come back now
         self.poke()
 
     def on_connect(self, endpoint: str) -> None:

@@ -110,6 +110,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         # Attempts sent and not yet answered (hold key -> the PrefillRequest): their worker
         # may still write into the destination blocks.
         self.may_write: dict[str, PrefillRequest] = {}
+        self.writers: dict[str, str] = {}  # hold key -> the endpoint its request went to
         self.count = 0
 
     # -- clients ----------------------------------------------------------------------------
@@ -147,9 +148,11 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
     def step(self) -> None:
         before = len(self.client.sent)
         self.worker.step()
-        for _, msg in self.client.sent[before:]:
+        for endpoint, msg in self.client.sent[before:]:
             if isinstance(msg, PrefillRequest):
-                self.may_write[remote_hold_key(msg.request_id, msg.attempt)] = msg
+                key = remote_hold_key(msg.request_id, msg.attempt)
+                self.may_write[key] = msg
+                self.writers[key] = endpoint
 
     # -- prefill workers --------------------------------------------------------------------
 
@@ -191,11 +194,18 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.worker.failover.hold_deadlines)
     @rule(data=st.data())
     def hold_times_out(self, data: st.DataObject) -> None:
-        """The protocol's promise: a worker starts no write after the attempt's deadline,
-        and the hold outlives it, so once it times out nothing more lands."""
+        """A write posted before may still land after the timeout (a stopped worker): the
+        hold is quarantined, and the invariants hold with the worker still writing."""
         key = data.draw(st.sampled_from(sorted(self.worker.failover.hold_deadlines)))
         self.worker.failover.hold_deadlines[key] = 0.0
-        self.may_write.pop(key, None)
+
+    @rule(endpoint=st.sampled_from(WORKERS))
+    def prefill_worker_dies(self, endpoint: str) -> None:
+        """Its connection drops: nothing it posted lands any more."""
+        self.worker.on_disconnect(endpoint)
+        for key in [k for k, e in self.writers.items() if e == endpoint]:
+            self.may_write.pop(key, None)
+            del self.writers[key]
 
     def _aborted_attempts(self) -> list[str]:
         aborts = {
@@ -253,7 +263,9 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
                     self.worker.on_reply(WORKERS[0], AbortAck(msg.request_id, msg.attempt))
             if not self.worker.streams and not self.worker.core.kv.hold_keys():
                 break
-            self.step()
+            deadlines = self.worker.failover.hold_deadlines
+            deadlines.update(dict.fromkeys(deadlines, 0.0))  # time passes: a dead writer's
+            self.step()  # holds end by their timeout
         assert not self.worker.streams, "streams never finish"
         kv = self.worker.core.kv
         assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
@@ -317,9 +329,16 @@ def test_lines_about_a_hold_that_outlives_its_request_carry_the_request_id(caplo
     assert machine.worker.abort("r0")
     machine.step()  # the abort sent; the hold waits for its answer
     machine.worker.failover.hold_deadlines["r0@1"] = 0.0
-    machine.step()
+    machine.step()  # quarantined: the worker may still write
+    machine.worker.on_reply(WORKERS[0], AbortAck("r0", 1))
     lines = [(r.request_id, r.getMessage()) for r in caplog.records]
-    assert ("client-r0", "hold r0@1: no confirmation from the prefill worker; releasing") in lines
+    quarantined = "hold r0@1: no confirmation from the prefill worker; quarantining 3 blocks "
+    assert (
+        "client-r0",
+        f"{quarantined}until {WORKERS[0]} confirms or its connection drops",
+    ) in lines
+    confirmed = "hold r0@1: the prefill worker confirmed late; releasing 3 quarantined blocks"
+    assert ("client-r0", confirmed) in lines
     assert [m for rid, m in lines if "r0" in m and rid != "client-r0"] == []
     assert not machine.worker.hold_log_ids
     machine.teardown()

@@ -38,9 +38,10 @@ PATIENT = ("--prefill-timeout", "600", "--hold-timeout", "600")
 @pytest.fixture(scope="module")
 def tp_nodes(llama_dir, node_logs):
     tp2 = ("--tensor-parallel-size", "2")
+    peers = ("--peer-tensor-parallel-sizes", "1", "2")  # p1 plans a mirror for d2
     nodes = {
-        "p1": Node("prefill", llama_dir, node_logs, *COMMON),
-        "p2": Node("prefill", llama_dir, node_logs, *COMMON, *tp2),
+        "p1": Node("prefill", llama_dir, node_logs, *COMMON, *peers),
+        "p2": Node("prefill", llama_dir, node_logs, *COMMON, *tp2, *peers),
         "d1": Node("decode", llama_dir, node_logs, *COMMON, *PATIENT),
         "d2": Node("decode", llama_dir, node_logs, *COMMON, *PATIENT, *tp2),
     }

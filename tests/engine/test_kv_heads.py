@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tandem.engine.kv_heads import Piece, cuts_of, plan_pieces, repack, stage
+from tandem.engine.kv_staging import staging_cuts
 from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
 from tandem.engine.parallel import kv_head_range
 from tandem.engine.rank_kv import PeerPiece, RankKV
@@ -62,26 +63,39 @@ def test_stage_then_repack_restores_the_blocks():
     assert torch.equal(back[1], kv[1]) and torch.equal(back[4], kv[4])
 
 
-def _rank_kvs(full: torch.Tensor, heads: list[tuple[int, int]], fill: bool) -> list[RankKV]:
-    """One agent per rank over a cache of its heads (a copy of `full`'s, or zeros)."""
-    total = full.shape[4]
+def _rank_kvs(
+    full: torch.Tensor, heads: list[tuple[int, int]], fill: bool, peer_size: int = 0
+) -> list[RankKV]:
+    """One agent per rank over a cache of its heads (a copy of `full`'s, or zeros), with
+    the staging mirrors planned for writing to nodes of `peer_size` ranks."""
+    total, peers = full.shape[4], (peer_size,) if peer_size else ()
     out = []
-    for start, count in heads:
+    for rank, (start, count) in enumerate(heads):
         cache = full[..., start : start + count, :].clone().contiguous()
         if not fill:
             cache.zero_()
-        out.append(RankKV(KVTransferAgent(new_agent_name("t"), cache, start, total), cache))
+        cuts = staging_cuts(total, len(heads), rank, peers)
+        agent = KVTransferAgent(new_agent_name("t"), cache, start, total)
+        out.append(RankKV(agent, cache, cuts))
     return out
+
+
+def _never_allocate(*args, **kwargs):
+    raise AssertionError("a write allocated a tensor")
 
 
 @pytest.mark.parametrize(
     ("num_heads", "src_size", "dst_size"),
     [(4, 1, 1), (4, 2, 2), (4, 1, 2), (4, 2, 1), (4, 1, 4), (4, 4, 2), (2, 1, 4), (2, 4, 1)],
 )
-def test_writes_between_tp_sizes_give_each_decode_rank_its_heads(num_heads, src_size, dst_size):
+def test_writes_between_tp_sizes_give_each_decode_rank_its_heads(
+    num_heads, src_size, dst_size, monkeypatch
+):
     full = torch.randn(NUM_BLOCKS, LAYERS, 2, BLOCK, num_heads, HEAD_DIM)
-    src = _rank_kvs(full, ranges(num_heads, src_size), fill=True)
+    src = _rank_kvs(full, ranges(num_heads, src_size), fill=True, peer_size=dst_size)
     dst = _rank_kvs(full, ranges(num_heads, dst_size), fill=False)
+    mirrors = [r.num_mirrors for r in src]
+    monkeypatch.setattr("tandem.engine.rank_kv.torch.zeros", _never_allocate)
     src_ids, dst_ids = [0, 1, 2, 5], [3, 4, 5, 1]  # one run of 3 adjacent on both sides
     pieces = plan_pieces([r.heads for r in src], [r.heads for r in dst])
     for rank, rank_kv in enumerate(src):
@@ -89,6 +103,7 @@ def test_writes_between_tp_sizes_give_each_decode_rank_its_heads(num_heads, src_
         if parts:
             rank_kv.write(rank, parts, src_ids, dst_ids)
     _wait_for_writes(src, dst)
+    assert [r.num_mirrors for r in src] == mirrors  # planned with the cache, never at a write
     for rank, rank_kv in enumerate(dst):
         cuts = cuts_of([p for p in pieces if p.dst == rank], rank_kv.heads)
         if cuts != [(0, rank_kv.heads[1])]:
@@ -111,3 +126,14 @@ def _wait_for_writes(src: list[RankKV], dst: list[RankKV]) -> None:
         for r in dst:
             r.agent.progress()
     assert "ERR" not in ended
+
+
+def test_a_write_needing_a_mirror_not_planned_is_refused_before_posting():
+    full = torch.randn(NUM_BLOCKS, LAYERS, 2, BLOCK, 4, HEAD_DIM)
+    (src,) = _rank_kvs(full, ranges(4, 1), fill=True)  # planned for equal sizes only
+    dst = _rank_kvs(full, ranges(4, 2), fill=False)
+    pieces = plan_pieces([src.heads], [d.heads for d in dst])
+    parts = [PeerPiece(d.agent.info(), p) for d, p in zip(dst, pieces)]
+    with pytest.raises(ValueError, match="--peer-tensor-parallel-sizes"):
+        src.write(0, parts, [0], [1])
+    assert src.num_in_flight == 0 and src.num_mirrors == 0

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.engine.prefill_failover import ABORT_RESEND_S, DecodeOptions, PrefillFailover
+from tandem.engine.prefill_failover import (
+    ABORT_RESEND_S,
+    DecodeOptions,
+    HoldExpiry,
+    PrefillFailover,
+)
 from tandem.engine.request import Request, RequestStatus
 from tandem.engine.scheduler import RemoteHold
 from tests.engine.test_scheduler import make_scheduler, request
@@ -106,6 +111,15 @@ def test_an_abandoned_attempt_is_held_aborted_and_aborted_again_until_confirmed(
     failover.kv.check_integrity()
 
 
+def abandoned_hold(failover: PrefillFailover, now: float) -> str:
+    """A request sent to P1 and aborted by its client at `now`: the key of its hold."""
+    r = send_remote(failover, now)
+    failover.scheduler.finish_requests([r.request_id], RequestStatus.FINISHED_ABORTED)
+    failover.forget(r.request_id)
+    failover.send_aborts(now)
+    return f"{r.request_id}@1"
+
+
 def test_an_abort_that_cannot_be_sent_is_reported_and_its_hold_times_out():
     failover, aborts = setup(hold_timeout_s=30.0)
     aborts.down.add(P1)
@@ -114,9 +128,53 @@ def test_an_abort_that_cannot_be_sent_is_reported_and_its_hold_times_out():
     failover.forget(r.request_id)
     unsent = failover.send_aborts(2.0)
     assert [h.key for h in unsent] == [f"{r.request_id}@1"] and aborts.sent == []
-    assert failover.expired_holds(31.9) == [] and failover.expired_holds(32.0) == [unsent[0].key]
+    assert failover.expire_holds(31.9) == []
+    assert failover.expire_holds(32.0) == [HoldExpiry(unsent[0].key, P1, quarantined=True)]
     failover.release(unsent[0].key)
     assert failover.kv.check_integrity().in_use == 0 and not failover.kv.hold_keys()
+
+
+def test_a_timed_out_hold_is_quarantined_until_its_worker_confirms_late():
+    failover, aborts = setup(hold_timeout_s=10.0)
+    key = abandoned_hold(failover, 0.0)
+    num_blocks = failover.kv.num_held_blocks
+    assert failover.expire_holds(10.0) == [HoldExpiry(key, P1, quarantined=True)]
+    # Not freed: still held, counted apart, and not in the free pool.
+    assert failover.kv.is_held(key) and failover.is_quarantined(key)
+    assert failover.num_quarantined_blocks == num_blocks > 0
+    counts = failover.kv.check_integrity()
+    assert counts.in_use == num_blocks and counts.free + counts.cached == counts.total - num_blocks
+    # No deadline is left, but the abort is still resent while the worker is silent.
+    assert failover.expire_holds(1e9) == [] and failover.next_due() == failover.next_resend
+    sent = len(aborts.sent)
+    failover.send_aborts(failover.next_resend)
+    assert aborts.sent[sent:] == [(P1, key)]
+    failover.release(key)  # its AbortAck (or PrefillDone, PrefillFailed) arrives
+    assert failover.num_quarantined_blocks == 0 and not failover.kv.hold_keys()
+    assert failover.kv.check_integrity().in_use == 0 and failover.next_due() is None
+
+
+def test_a_lost_writer_releases_its_quarantined_holds_and_no_other():
+    failover, _ = setup(hold_timeout_s=10.0)
+    other = send_remote(failover, 0.0, prefill=P2)
+    failover.fall_back(other.request_id, "timeout")
+    key = abandoned_hold(failover, 0.0)
+    failover.send_aborts(0.0)
+    failover.expire_holds(10.0)
+    assert failover.quarantined == {key, f"{other.request_id}@1"}
+    assert failover.writer_lost(P1) == [key]
+    assert not failover.kv.is_held(key) and failover.quarantined == {f"{other.request_id}@1"}
+    failover.kv.check_integrity()
+
+
+def test_a_hold_whose_writer_was_lost_is_released_at_its_timeout_not_quarantined():
+    failover, _ = setup(hold_timeout_s=10.0)
+    key = abandoned_hold(failover, 0.0)
+    assert failover.writer_lost(P1) == []  # still within its timeout: a successor may confirm
+    assert failover.kv.is_held(key)
+    assert failover.expire_holds(10.0) == [HoldExpiry(key, P1, quarantined=False)]
+    assert not failover.kv.hold_keys() and not failover.quarantined and not failover.lost
+    assert failover.kv.check_integrity().in_use == 0
 
 
 def test_a_hold_released_before_its_abort_is_sent_is_not_aborted():
