@@ -101,7 +101,8 @@ def test_an_unknown_sampling_field_is_ignored_logged_and_counted(caplog):
 
 
 def test_the_node_counts_a_message_it_cannot_decode_and_serves_the_next():
-    """The real loop on its ZMQ socket: garbage, then a good request from the same peer."""
+    """The real loop on its ZMQ socket: garbage and a message of two frames, then a good
+    request from the same peer."""
     w = Worker()
     core = w.worker.core
     core.agent.name = "prefill-test"
@@ -113,6 +114,7 @@ def test_the_node_counts_a_message_it_cannot_decode_and_serves_the_next():
     try:
         dealer.connect(f"tcp://127.0.0.1:{node.zmq_port}")
         dealer.send(b"\xc1 not msgpack")
+        dealer.send_multipart([b"two", b"frames"])  # was dropped without a count
         name, _ = DEAD
         good = PrefillRequest(
             "next", 1, PROMPT, {}, 0, [0, 1], AgentInfo(name, b"", core.agent.remote_layout(name)),
@@ -127,7 +129,7 @@ def test_the_node_counts_a_message_it_cannot_decode_and_serves_the_next():
             return bool(core.agent.notified)
 
         assert wait_until(served, interval=0)
-        assert refused(w, "undecodable") == 1
+        assert refused(w, "undecodable") == 2
         assert [d.request_id for d in core.agent.notified] == ["next"]
     finally:
         dealer.close(0)
