@@ -108,11 +108,13 @@ def test_an_unknown_sampling_field_is_ignored_logged_and_counted(caplog):
     assert machine.records["r"][-1]["finish_reason"] == "length"
 
 
-def test_a_sampling_value_of_the_wrong_type_is_a_value_error():
-    """The HTTP handler answers ValueError with a 400 (a TypeError was a 500)."""
+@pytest.mark.parametrize("sampling", [{"temperature": "hot"}, {"logit_bias": [1]}])
+def test_a_sampling_value_of_the_wrong_type_is_a_value_error(sampling):
+    """The HTTP handler answers ValueError with a 400 (a TypeError was a 500, and so was
+    the AttributeError of a `logit_bias` that is a list: the fuzz suite found it)."""
     machine = DecodeWorkerMachine()
     with pytest.raises(ValueError, match="sampling"):
-        machine.worker.add(GenerateInput("r", [5, 6], {"temperature": "hot"}), print)
+        machine.worker.add(GenerateInput("r", [5, 6], sampling), print)
     assert not machine.worker.streams
 
 
