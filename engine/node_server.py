@@ -18,6 +18,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+import msgspec
 import uvicorn
 from fastapi import Depends, FastAPI
 from fastapi import Request as HttpRequest
@@ -250,6 +251,8 @@ class NodeServer:
             "block_size": core.config.cache.block_size,
             **self.worker.ports(),
             "metrics_port": self.metrics_port,
+            # what a peer must match to pair with it (engine.wire): to tell why two don't
+            "fingerprint": msgspec.structs.asdict(core.fingerprint),
         }
 
     def _kv_snapshot(self) -> dict[str, Any]:

@@ -48,6 +48,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias and not isinstance(self.logit_bias, dict):
+            raise TypeError("logit_bias must be an object of token id to bias")  # not a 500
         if self.logit_bias:  # JSON object keys arrive as strings
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         self.structured_outputs = StructuredOutputsParams.coerce(self.structured_outputs)

@@ -81,13 +81,13 @@ class PrefillLoop:
     def _read_messages(self) -> None:
         while True:
             try:
-                peer, data = self.socket.recv_multipart(zmq.NOBLOCK)
+                peer, *frames = self.socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            except ValueError:
-                continue  # not [identity, payload]: not ours
             try:
-                msg = decode_to_prefill(data)
+                if len(frames) != 1:  # ours are [identity, payload]
+                    raise msgspec.DecodeError(f"{len(frames)} frames, expected 1")
+                msg = decode_to_prefill(frames[0])
             except msgspec.DecodeError as exc:
                 logger.warning("undecodable message from %r: %s", peer, exc)
                 m = self.core.metrics

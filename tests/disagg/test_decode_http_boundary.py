@@ -111,6 +111,7 @@ def test_a_wrong_method_is_a_405_in_the_api_s_shape(server):
     [
         ({"sampling": {"temperature": "hot"}}, "sampling.temperature"),
         ({"sampling": {"top_p": 7}}, "sampling"),
+        ({"sampling": {"logit_bias": [1]}}, "sampling.logit_bias"),  # found by the fuzz suite
         ({"sampling": {"structured_outputs": {}}}, "sampling.structured_outputs"),
         ({"token_ids": "1 2 3"}, "token_ids"),
         ({"request_id": ""}, "request_id"),

@@ -161,15 +161,17 @@ class Socket:
 
 
 def test_the_node_counts_a_message_it_cannot_decode_and_serves_the_next():
-    """The real loop on its ZMQ socket: garbage, then a good request from the same peer."""
+    """The real loop on its ZMQ socket: garbage and a message of two frames, then a good
+    request from the same peer."""
     w = Worker()
     sock = Socket(w)
     try:
         sock.greet()
         sock.dealer.send(b"\xc1 not msgpack")
+        sock.dealer.send_multipart([b"two", b"frames"])  # was dropped without a count
         sock.dealer.send(encode(request(w, "next", {})))
         assert sock.serve_until(lambda: bool(sock.core.agent.notified))
-        assert refused(w, "undecodable") == 1
+        assert refused(w, "undecodable") == 2
         assert [d.request_id for d in sock.core.agent.notified] == ["next"]
     finally:
         sock.close()
