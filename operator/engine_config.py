@@ -66,7 +66,14 @@ def role_flags(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
         return _router_flags(spec)
     flags = _engine_flags(spec) | {"tensor-parallel-size": spec.pool(role).tensor_parallel_size}
     if role == "prefill":
-        return flags | {"zmq-port": ZMQ_PORT, "events-port": EVENTS_PORT}
+        # the decode pool's size: a finer split of the KV heads needs staging mirrors,
+        # planned at start-up (engine/kv_staging.py)
+        peers = [spec.decode.tensor_parallel_size]
+        return flags | {
+            "zmq-port": ZMQ_PORT,
+            "events-port": EVENTS_PORT,
+            "peer-tensor-parallel-sizes": peers,
+        }
     return flags | {
         "zmq-port": EVENTS_PORT,  # a decode node's only socket is its PUB of KV events
         "remote-prefill-threshold": spec.remote_prefill_threshold,

@@ -121,6 +121,8 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
             cmd += ["--tensor-parallel-size", str(getattr(args, f"{role}_tensor_parallel_size"))]
             if role == "decode":
                 cmd += decode_flags(args)
+            else:  # the decode nodes' size: a finer split needs staging planned at start-up
+                cmd += ["--peer-tensor-parallel-sizes", str(args.decode_tensor_parallel_size)]
             label = "ZMQ requests" if role == "prefill" else "KV events"
             url = f"http://127.0.0.1:{http}"
             extra = f"{label} tcp://127.0.0.1:{zmq_port}  metrics :{metrics}"

@@ -191,6 +191,8 @@ def test_tensor_parallel_size_reaches_each_engine_with_shared_memory():
         volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
         assert volume["emptyDir"]["medium"] == "Memory"
     assert "tensor-parallel-size" not in json.loads(config["router.json"])
+    # prefill plans the staging its writes into a finer split of the heads need
+    assert json.loads(config["prefill.json"])["peer-tensor-parallel-sizes"] == [2]
 
 
 def test_pods_are_hardened_and_probed():

@@ -103,3 +103,20 @@ def test_sigint_alone_stops_serve_and_every_child_though_it_started_ignored(llam
         assert not alive(started.values())
     finally:
         serve.stop()
+
+
+def test_tandem_serve_tells_prefill_nodes_the_decode_nodes_tensor_parallel_size():
+    """So a prefill node plans the staging mirrors a finer split of the heads needs."""
+    import argparse
+    from pathlib import Path
+
+    from tandem.router.serve import add_arguments, plan
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        ["--prefill", "1", "--decode", "1", "--decode-tensor-parallel-size", "2"]
+    )
+    prefill = next(c for c in plan(args, Path("model")) if c.name == "prefill-0")
+    at = prefill.cmd.index("--peer-tensor-parallel-sizes")
+    assert prefill.cmd[at + 1] == "2"
