@@ -67,6 +67,7 @@ class Session:
     nonce: bytes = field(default_factory=lambda: os.urandom(16))
     greeted: bool = False  # the Hello is on the connection
     paired: bool = False
+    agent: str | None = None  # the worker's NIXL agent, from its Welcome
     messages: list[msgspec.Struct] = field(default_factory=list)
 
 
@@ -178,6 +179,11 @@ class PrefillClient:
                 self.sessions[endpoint] = Session(deadline=None)
         return dropped
 
+    def agent_of(self, endpoint: str) -> str | None:
+        """The NIXL agent of the worker at `endpoint`, as it said when it last paired."""
+        session = self.sessions.get(endpoint)
+        return session.agent if session is not None else None
+
     def _greet(self, endpoint: str, session: Session, now: float) -> None:
         """Send `Hello` if the connection is up (else nothing: ZMQ is connecting)."""
         hello = Hello(self.fingerprint, session.nonce, self.token.proof(HELLO_LABEL, session.nonce))
@@ -206,8 +212,8 @@ class PrefillClient:
             self.metrics.child(self.metrics.pairings_refused, reason=reason).inc()
             self._refuse(endpoint)
             return
-        logger.info("paired with prefill worker %s", endpoint)
-        session.paired, session.deadline = True, None
+        logger.info("paired with prefill worker %s (agent %s)", endpoint, reply.agent)
+        session.paired, session.deadline, session.agent = True, None, reply.agent
         waiting, session.messages = session.messages, []
         for message in waiting:
             try:

@@ -251,6 +251,10 @@ class DecodeWorker:
             m = self.core.metrics
             m.child(m.refused_inputs, reason="undecodable").inc()
             return
+        worker = self.failover.worker_of(done.request_id, done.attempt)
+        if worker is not None and sender != self.client.agent_of(worker):
+            self._refuse_foreign(f"notification from agent {sender[:80]}", done, worker)
+            return
         if self.failover.current(done.request_id, done.attempt) is None:
             # a late attempt: every write of it has landed
             self._release_hold(remote_hold_key(done.request_id, done.attempt))
@@ -258,6 +262,11 @@ class DecodeWorker:
         self._complete_remote(self.streams[done.request_id], done)
 
     def on_reply(self, endpoint: str, msg: FromPrefill) -> None:
+        """An answer about an attempt, taken only from the worker the attempt went to."""
+        worker = self.failover.worker_of(msg.request_id, msg.attempt)
+        if worker is not None and worker != endpoint:
+            self._refuse_foreign(f"reply from {endpoint}", msg, worker)
+            return
         key = remote_hold_key(msg.request_id, msg.attempt)
         if isinstance(msg, AbortAck):
             self._release_hold(key)
@@ -266,6 +275,17 @@ class DecodeWorker:
             stream = self.streams[msg.request_id]
             self._fall_back(stream, "error", f"{endpoint} failed it: {msg.reason}")
         self._release_hold(key)  # a failure report means no write is in flight
+
+    def _refuse_foreign(self, source: str, msg: msgspec.Struct, worker: str) -> None:
+        """Drop, log and count an answer about an attempt from anyone but the worker it
+        went to (a paired worker answering for another's attempt, or a NIXL agent that is
+        not that worker's). Answers about attempts nothing is expected of change nothing."""
+        logger.warning(
+            "%s about %s@%s dropped: the attempt went to %s",
+            source, msg.request_id[:80], msg.attempt, worker,
+        )  # fmt: skip
+        m = self.core.metrics
+        m.child(m.refused_inputs, reason="foreign").inc()
 
     def on_unsent(self, endpoint: str, msg: msgspec.Struct) -> None:
         """The client gave up sending `msg` (no connection came up in time): a request's
@@ -280,7 +300,7 @@ class DecodeWorker:
 
     def on_disconnect(self, endpoint: str) -> None:
         """The connection to a prefill worker dropped: every attempt waiting on it fails
-                over now. Their holds stay until that worker (or its successor) confirms, or their
+        over now. Their holds stay until that worker (or its successor) confirms, or their
         timeout passes; its quarantined holds are released now: a process that lost its
         connection is taken for dead, and nothing it posted can land any more."""
         for request in self.failover.waiting_on(endpoint):

@@ -21,7 +21,14 @@ QUARANTINE_RELEASE_REASONS = ("confirmed", "writer_lost")
 # What a node refuses (or partly ignores) at its boundary, by role (docs/security.md).
 REFUSAL_REASONS = {
     "prefill": ("invalid", "peer", "error", "undecodable", "unpaired", "unauthenticated"),
-    "decode": ("undecodable", "first_token", "duplicate_id", "unauthenticated", "protocol"),
+    "decode": (
+        "undecodable",
+        "first_token",
+        "duplicate_id",
+        "unauthenticated",
+        "protocol",
+        "foreign",
+    ),
 }
 # Why two nodes would not pair (engine.wire.Fingerprint's fields, the token, the role).
 PAIRING_REFUSALS = (

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from tandem.engine.kv_cache_manager import KVCacheManager
 from tandem.engine.request import Request, RequestStatus
-from tandem.engine.scheduler import RemoteHold, Scheduler
+from tandem.engine.scheduler import RemoteHold, Scheduler, remote_hold_key
 
 # Seconds between two sends of an abort that no prefill worker has confirmed yet.
 ABORT_RESEND_S = 1.0
@@ -133,6 +133,17 @@ class PrefillFailover:
         if request is None or request.status != RequestStatus.WAITING_FOR_REMOTE_KV:
             return None
         return request if request.num_remote_attempts == attempt else None
+
+    def worker_of(self, request_id: str, attempt: int) -> str | None:
+        """The prefill worker the attempt was sent to, while it is current or its blocks
+        are held for it; None once nothing of it is expected."""
+        if (request := self.current(request_id, attempt)) is not None:
+            return request.prefill_worker
+        key = remote_hold_key(request_id, attempt)
+        if (hold := self.unconfirmed.get(key)) is not None:
+            return hold.worker
+        abandoned = (h for h in self.scheduler.abandoned_remote if h.key == key)
+        return next((h.worker for h in abandoned), None)
 
     def waiting_on(self, worker: str) -> list[Request]:
         """The requests whose current attempt is on `worker`."""

@@ -103,6 +103,7 @@ class Welcome(msgspec.Struct, frozen=True, tag="welcome"):
     fingerprint: Fingerprint
     nonce: bytes
     proof: bytes
+    agent: str  # its NIXL agent: the only sender of its `PrefillDone` notifications
     role: str = "prefill"
 
 

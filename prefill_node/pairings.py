@@ -40,9 +40,11 @@ class Pairings:
         fingerprint: Fingerprint,
         token: DeploymentToken,
         metrics: NodeMetrics,
+        agent: str,
         capacity: int = MAX_PAIRED,
     ) -> None:
         self.fingerprint = fingerprint
+        self.agent = agent
         self.token = token
         self.metrics = metrics
         self.capacity = capacity
@@ -60,7 +62,7 @@ class Pairings:
         if len(self._paired) > self.capacity:
             self._paired.popitem(last=False)
         proof = self.token.proof(WELCOME_LABEL, hello.nonce)
-        return Welcome(self.fingerprint, hello.nonce, proof)
+        return Welcome(self.fingerprint, hello.nonce, proof, self.agent)
 
     def admits(self, peer: bytes) -> bool:
         return peer in self._paired

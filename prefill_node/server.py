@@ -61,7 +61,9 @@ class PrefillLoop:
         self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(loop.wake_fd, zmq.POLLIN)
         self.worker = PrefillWorker(core, self._reply, traces)
-        self.pairings = Pairings(core.fingerprint, token or DeploymentToken(), core.metrics)
+        self.pairings = Pairings(
+            core.fingerprint, token or DeploymentToken(), core.metrics, core.agent.name
+        )
 
     def run_once(self) -> None:
         worker = self.worker

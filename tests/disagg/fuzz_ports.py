@@ -80,10 +80,11 @@ class Sender:
             assert isinstance(decode_from_prefill(sock.recv()), Welcome)
         return sock
 
-    def welcome(self, hello: Hello) -> Welcome:
-        """What a prefill worker of the same deployment answers a decode node's `hello`."""
+    def welcome(self, hello: Hello, agent: str) -> Welcome:
+        """What a prefill worker of the same deployment, whose NIXL agent is `agent`,
+        answers a decode node's `hello`."""
         proof = self.token.proof(WELCOME_LABEL, hello.nonce)
-        return Welcome(hello.fingerprint, hello.nonce, proof)
+        return Welcome(hello.fingerprint, hello.nonce, proof, agent)
 
     def xsub(self, endpoint: str) -> zmq.Socket:
         return self.socket(zmq.XSUB, endpoint)
@@ -314,7 +315,9 @@ class FakePrefill:
             peer, data = self.router.recv_multipart()
             msg = decode_to_prefill(data)
             if isinstance(msg, Hello):
-                self.router.send_multipart([peer, encode(self.sender.welcome(msg))])
+                self.router.send_multipart(
+                    [peer, encode(self.sender.welcome(msg, self.agent.name))]
+                )
                 continue
             if isinstance(msg, AbortPrefill):
                 self.router.send_multipart([peer, encode(AbortAck(msg.request_id, msg.attempt))])

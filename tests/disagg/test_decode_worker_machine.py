@@ -78,6 +78,9 @@ class Client:
         self.sent.append((endpoint, message))
         return True
 
+    def agent_of(self, endpoint: str) -> str:
+        return f"agent-{endpoint}"
+
 
 class DecodeWorkerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
@@ -164,21 +167,40 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
     def deliver_done(self, key: str) -> None:
         """The worker wrote every block, then notified (late, for an abandoned attempt)."""
         msg = self.may_write.pop(key)
-        self.worker.on_notification("prefill", encode(self._done(msg)))
+        agent = self.client.agent_of(self.writers[key])
+        self.worker.on_notification(agent, encode(self._done(msg)))
 
     @precondition(lambda self: self.may_write)
     @rule(data=st.data())
     def prefill_fails(self, data: st.DataObject) -> None:
         """Reported once none of the attempt's writes is in flight."""
-        msg = self.may_write.pop(data.draw(st.sampled_from(sorted(self.may_write))))
-        self.worker.on_reply(WORKERS[0], PrefillFailed(msg.request_id, msg.attempt, "error"))
+        key = data.draw(st.sampled_from(sorted(self.may_write)))
+        msg = self.may_write.pop(key)
+        failed = PrefillFailed(msg.request_id, msg.attempt, "error")
+        self.worker.on_reply(self.writers[key], failed)
 
     @precondition(lambda self: self._aborted_attempts())
     @rule(data=st.data())
     def prefill_confirms_abort(self, data: st.DataObject) -> None:
         key = data.draw(st.sampled_from(self._aborted_attempts()))
         msg = self.may_write.pop(key)
-        self.worker.on_reply(WORKERS[0], AbortAck(msg.request_id, msg.attempt))
+        self.worker.on_reply(self.writers[key], AbortAck(msg.request_id, msg.attempt))
+
+    @precondition(lambda self: self.may_write)
+    @rule(data=st.data())
+    def another_worker_answers_for_it(self, data: st.DataObject) -> None:
+        """A paired worker (or a NIXL agent) that the attempt did not go to fails it,
+        confirms its abort, or completes it: nothing changes."""
+        key = data.draw(st.sampled_from(sorted(self.may_write)))
+        msg = self.may_write[key]
+        other = next(w for w in WORKERS if w != self.writers[key])
+        before = self.worker.failover.worker_of(msg.request_id, msg.attempt)
+        held = self.worker.core.kv.hold_keys()
+        self.worker.on_reply(other, PrefillFailed(msg.request_id, msg.attempt, "error"))
+        self.worker.on_reply(other, AbortAck(msg.request_id, msg.attempt))
+        self.worker.on_notification(self.client.agent_of(other), encode(self._done(msg)))
+        assert self.worker.failover.worker_of(msg.request_id, msg.attempt) == before
+        assert self.worker.core.kv.hold_keys() == held
 
     @rule(endpoint=st.sampled_from(WORKERS), up=st.booleans())
     def connectivity(self, endpoint: str, up: bool) -> None:
@@ -257,10 +279,12 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
             for key in sorted(self.may_write):
                 msg = self.may_write.pop(key)
                 request = self.worker.core.scheduler.remote.get(msg.request_id)
+                writer = self.writers[key]
                 if request is not None and request.num_remote_attempts == msg.attempt:
-                    self.worker.on_notification("prefill", encode(self._done(msg)))
+                    agent = self.client.agent_of(writer)
+                    self.worker.on_notification(agent, encode(self._done(msg)))
                 else:
-                    self.worker.on_reply(WORKERS[0], AbortAck(msg.request_id, msg.attempt))
+                    self.worker.on_reply(writer, AbortAck(msg.request_id, msg.attempt))
             if not self.worker.streams and not self.worker.core.kv.hold_keys():
                 break
             deadlines = self.worker.failover.hold_deadlines

@@ -10,7 +10,14 @@ from __future__ import annotations
 import pytest
 
 from tandem.decode_node.worker import DuplicateRequest, GenerateInput
-from tandem.engine.kv_transfer import AbortAck, AbortPrefill, PrefillDone, PrefillRequest, encode
+from tandem.engine.kv_transfer import (
+    AbortAck,
+    AbortPrefill,
+    PrefillDone,
+    PrefillFailed,
+    PrefillRequest,
+    encode,
+)
 from tandem.engine.sampling_params import SamplingParams
 from tests.disagg.test_decode_worker_machine import WORKERS, DecodeWorkerMachine
 from tests.engine.test_scheduler import VOCAB
@@ -49,7 +56,7 @@ def test_a_first_token_outside_the_vocabulary_never_reaches_the_model(token_id):
     key = sent_remote(machine)
     msg = machine.may_write.pop(key)
     bad = PrefillDone(msg.request_id, msg.attempt, token_id, None, 1, 1024, 0.0, 0.0)
-    machine.worker.on_notification("prefill", encode(bad))
+    machine.worker.on_notification(machine.client.agent_of(machine.writers[key]), encode(bad))
     assert refused(machine, "first_token") == 1
     m = machine.worker.core.metrics
     assert m.child(m.prefill_fallbacks, reason="error")._value.get() == 1
@@ -107,5 +114,21 @@ def test_a_request_the_client_gave_up_sending_fails_over_and_holds_nothing():
     assert m.child(m.prefill_fallbacks, reason="unreachable")._value.get() == 1
     assert not machine.worker.core.kv.hold_keys()
     machine.worker.on_unsent(endpoint, AbortPrefill("r0", 1, "decode"))  # resent as usual
+    machine.teardown()
+    assert machine.records["r0"][-1]["finish_reason"] == "length"
+
+
+def test_an_answer_from_anyone_but_the_attempt_s_worker_changes_nothing():
+    """Another paired worker's reply, or another NIXL agent's notification, about an
+    attempt: dropped and counted; the attempt's own worker completes it after."""
+    machine = DecodeWorkerMachine()
+    key = sent_remote(machine)
+    msg = machine.may_write[key]
+    other = next(w for w in WORKERS if w != machine.writers[key])
+    machine.worker.on_reply(other, PrefillFailed(msg.request_id, msg.attempt, "forged"))
+    machine.worker.on_notification("agent-stranger", encode(machine._done(msg)))
+    assert refused(machine, "foreign") == 2
+    assert machine.worker.failover.current(msg.request_id, msg.attempt) is not None
+    machine.deliver_done(key)
     machine.teardown()
     assert machine.records["r0"][-1]["finish_reason"] == "length"

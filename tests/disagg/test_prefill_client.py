@@ -137,7 +137,7 @@ def test_a_down_endpoint_is_refused_at_once_then_used_once_its_worker_pairs():
         clock.now += CONNECT_TIMEOUT_S
         assert client.unsent() == [(endpoint, abort(0))]
         assert client.send(endpoint, abort(1)) is False  # down: no second wait
-        worker = Worker(context, Pairings(FINGERPRINT, TOKEN, metrics("prefill")),
+        worker = Worker(context, Pairings(FINGERPRINT, TOKEN, metrics("prefill"), "prefill-agent"),
                         endpoint)  # fmt: skip
 
         def paired() -> bool:
@@ -159,7 +159,7 @@ def test_a_down_endpoint_is_refused_at_once_then_used_once_its_worker_pairs():
 
 def test_a_restarted_worker_is_down_until_it_pairs_on_the_new_connection():
     context = zmq.Context()
-    pairings = Pairings(FINGERPRINT, TOKEN, metrics("prefill"))
+    pairings = Pairings(FINGERPRINT, TOKEN, metrics("prefill"), "prefill-agent")
     worker = Worker(context, pairings)
     client = make_client(context, Clock())
     endpoint = worker.endpoint
@@ -189,7 +189,7 @@ def test_a_restarted_worker_is_down_until_it_pairs_on_the_new_connection():
 
 def test_a_worker_gets_what_waited_only_after_it_paired():
     context = zmq.Context()
-    worker = Worker(context, Pairings(FINGERPRINT, TOKEN, metrics("prefill")))
+    worker = Worker(context, Pairings(FINGERPRINT, TOKEN, metrics("prefill"), "prefill-agent"))
     client = make_client(context, Clock())
     endpoint = worker.endpoint
     try:
@@ -205,6 +205,7 @@ def test_a_worker_gets_what_waited_only_after_it_paired():
         messages = [msg for _, msg in worker.got]
         assert isinstance(messages[0], Hello) and messages[1:] == [abort(0), abort(1)]
         assert client.sessions[endpoint].paired
+        assert client.agent_of(endpoint) == "prefill-agent"  # its notifications' sender
         worker.socket.send_multipart([worker.got[0][0], encode(AbortAck("r0", 1))])
         replies = []
         assert wait_until(lambda: replies.extend(client.receive()) or replies)
@@ -231,7 +232,7 @@ OTHER_REVISION = msgspec.structs.replace(FINGERPRINT, revision="r2")
 def test_a_worker_that_will_not_pair_gets_nothing_but_the_hello(fingerprint, token, reason):
     context = zmq.Context()
     worker_metrics, decode_metrics = metrics("prefill"), metrics()
-    worker = Worker(context, Pairings(fingerprint, token, worker_metrics))
+    worker = Worker(context, Pairings(fingerprint, token, worker_metrics, "prefill-agent"))
     clock = Clock()
     client = make_client(context, clock, m=decode_metrics)
     try:
@@ -265,13 +266,13 @@ class Impostor(Worker):
             peer, data = self.socket.recv_multipart()
             hello = decode_to_prefill(data)
             self.got.append((peer, hello))
-            welcome = Welcome(FINGERPRINT, hello.nonce, b"\0" * 32)
+            welcome = Welcome(FINGERPRINT, hello.nonce, b"\0" * 32, "impostor")
             self.socket.send_multipart([peer, encode(welcome)])
 
 
 def test_a_listener_without_the_token_never_gets_the_decode_node_s_messages():
     context = zmq.Context()
-    impostor = Impostor(context, Pairings(FINGERPRINT, TOKEN, metrics("prefill")))
+    impostor = Impostor(context, Pairings(FINGERPRINT, TOKEN, metrics("prefill"), "prefill-agent"))
     decode_metrics = metrics()
     client = make_client(context, Clock(), m=decode_metrics)
     try:
