@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for bench.mac
 
 from bench.machine import describe_host
 from tandem.engine.kv_heads import cuts_of, head_range, num_descs, plan_pieces
+from tandem.engine.kv_staging import staging_cuts
 from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
 from tandem.engine.parallel import kv_head_range
 from tandem.engine.rank_kv import PeerPiece, RankKV
@@ -41,15 +42,20 @@ def ranges(num_heads: int, size: int) -> list[tuple[int, int]]:
     return [kv_head_range(num_heads, rank, size) for rank in range(size)]
 
 
-def rank_caches(full: torch.Tensor, size: int, fill: bool) -> list[RankKV]:
-    """One agent per rank over its heads of `full` [NB, L, 2, bs, H, D] (copied or zero)."""
+def rank_caches(
+    full: torch.Tensor, size: int, fill: bool, peer_sizes: tuple[int, ...] = ()
+) -> list[RankKV]:
+    """One agent per rank over its heads of `full` [NB, L, 2, bs, H, D] (copied or zero),
+    with the staging mirrors its writes to nodes of `peer_sizes` ranks need (planned, as a
+    node plans them at start-up)."""
     out = []
-    for start, count in ranges(full.shape[4], size):
+    for rank, (start, count) in enumerate(ranges(full.shape[4], size)):
         cache = full[..., start : start + count, :].contiguous()
         if not fill:
             cache.zero_()
         agent = KVTransferAgent(new_agent_name("bench"), cache, start, full.shape[4])
-        out.append(RankKV(agent, cache))
+        cuts = staging_cuts(full.shape[4], size, rank, peer_sizes)
+        out.append(RankKV(agent, cache, cuts))
     return out
 
 
@@ -79,7 +85,7 @@ def _target(conn, shape: tuple[int, ...], size: int) -> None:
 
 def bench_pair(full: torch.Tensor, p: int, d: int, ids: list[int], repeats: int) -> dict:
     parent, target, far = _start_target(tuple(full.shape), d)
-    src = rank_caches(full, p, fill=True)
+    src = rank_caches(full, p, fill=True, peer_sizes=(d,))
     pieces = plan_pieces([r.heads for r in src], [head_range(i.layout) for i in far])
     times, repacks = [], []
     for attempt in range(repeats + 1):  # the first connects the agents: not counted

@@ -54,7 +54,6 @@ class Reconciler:
         self.api = api
         self.now = now
         self._warned: dict[str, set[str]] = {}  # uid -> messages already sent as Events
-        self._tokens: set[str] = set()  # uids whose token Secret is known to exist
 
     def reconcile(self, llmd: dict[str, Any]) -> Outcome:
         """Bring the children of `llmd` to what its spec renders and write its status.
@@ -82,7 +81,8 @@ class Reconciler:
         """Apply what `spec` renders (the serving workloads once the model is cached),
         prune the rest, and warn about relaxed hardening or a failed download."""
         objects = render_spec(spec)
-        self._ensure_token(spec)
+        if ensure_token_secret(self.api, spec):  # every time: one deleted comes back new
+            logger.info("%s/%s: made its token Secret", spec.namespace, spec.name)
         serving = [obj for obj in objects if obj["kind"] in SERVING_KINDS]
         self._apply(llmd, [obj for obj in objects if obj["kind"] not in SERVING_KINDS], outcome)
         cache = self._read_cache(spec)
@@ -96,16 +96,6 @@ class Reconciler:
         if cache is not None and cache.failure is not None:
             self._warn_once(llmd, "ModelDownloadFailed", cache.describe())
         return cache
-
-    def _ensure_token(self, spec: LLMDeploymentSpec) -> None:
-        """The token Secret exists before any pod that reads it (once per resource and
-        operator process: a Secret deleted later comes back at the next restart or
-        resource change)."""
-        if spec.uid in self._tokens:
-            return
-        if ensure_token_secret(self.api, spec):
-            logger.info("%s/%s: made its token Secret", spec.namespace, spec.name)
-        self._tokens.add(spec.uid)
 
     def _read_cache(self, spec: LLMDeploymentSpec) -> CacheProgress | None:
         """The download Job as read, with its pods once an attempt failed."""
@@ -203,7 +193,6 @@ class Reconciler:
     def forget(self, uid: str) -> None:
         """Drop what was kept for a deleted resource (the warnings it was sent)."""
         self._warned.pop(uid, None)
-        self._tokens.discard(uid)
 
     @property
     def num_warned_resources(self) -> int:

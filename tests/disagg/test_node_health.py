@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from tandem.engine.heartbeat import Heartbeat
 from tandem.engine.node_loop import NodeLoop
 from tandem.engine.node_server import NodeServer
+from tandem.engine.wire import PROTOCOL_VERSION, Fingerprint
 from tests.bounds import HANG_S
 from tests.disagg.nodes import wait_until
 
@@ -39,8 +40,9 @@ class StandIn:
         self.stuck = threading.Event()  # set while run_once is blocked on the gate
         identity = SimpleNamespace(role="decode", model="m", revision="r")
         config = SimpleNamespace(cache=SimpleNamespace(block_size=16))
+        fingerprint = Fingerprint(PROTOCOL_VERSION, "m", "r", "float32", 16, "1x2x1x8")
         self.core = SimpleNamespace(identity=identity, agent=SimpleNamespace(name="a"),
-                                    config=config)  # fmt: skip
+                                    config=config, fingerprint=fingerprint)  # fmt: skip
 
     def run_once(self) -> None:
         if not self.gate.is_set():

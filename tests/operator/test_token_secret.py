@@ -40,12 +40,13 @@ def test_an_existing_token_is_kept_and_never_pruned():
     assert not any(key.startswith("Secret/") for key in outcome.pruned)
 
 
-def test_a_deleted_token_comes_back_new_for_a_restarted_operator():
+def test_a_deleted_token_comes_back_new_at_the_next_reconcile():
     api, llmd = FakeApi(), example("minimal")
-    Reconciler(api).reconcile(llmd)
+    reconciler = Reconciler(api)
+    reconciler.reconcile(llmd)
     old = secret(api)["stringData"][TOKEN_KEY]
     del api.objects[("Secret", "default", token_secret_name("llama"))]
-    Reconciler(api).reconcile(llmd)
+    reconciler.reconcile(llmd)
     assert secret(api)["stringData"][TOKEN_KEY] != old
 
 

@@ -258,5 +258,7 @@ def test_a_stopped_decode_worker_is_ejected_and_its_stream_ends_with_the_error(s
     assert error["message"].startswith("decode worker failed mid-stream"), error
     assert "ejected" in error["message"], error
     _assert_aborted_and_clean(serve, url, aborted + 1)
-    live = httpx.get(f"{url}/health/live", timeout=HANG_S)
+    (decode,) = serve.workers("decode")
+    live_url = decode["metrics_url"].removesuffix("/metrics") + "/health/live"  # metrics port
+    live = httpx.get(live_url, timeout=HANG_S)
     assert live.status_code == 200 and live.json()["status"] == "ok"

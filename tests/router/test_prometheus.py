@@ -144,8 +144,8 @@ def test_every_dashboard_query_and_rule_returns_series(llama_dir, router_logs, t
         # the target labels a PodMonitor gives: namespace, and the pods' tandem.dev labels
         jobs = {"operator": ([f"127.0.0.1:{operator.server_address[1]}"], {"namespace": "ops"})}
         urls = {"router": [serve.url]}
-        for w in workers:
-            urls.setdefault(w["role"], []).append(w["url"])
+        for w in workers:  # a node's metrics port (its control port serves no /metrics)
+            urls.setdefault(w["role"], []).append(w["metrics_url"].removesuffix("/metrics"))
         assert len(urls["prefill"]) == len(urls["decode"]) == 2
         for role, found in urls.items():
             labels = {"namespace": "ns", "tandem_dev_deployment": "llama", "tandem_dev_role": role}

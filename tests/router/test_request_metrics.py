@@ -84,7 +84,7 @@ def test_a_disaggregated_request_is_broken_into_phases(serve, client, tokenizer)
     ttft_phases = sum(grew(f"{PHASE}_sum", phase=p) for p in TTFT_PHASES)
     assert 0 < ttft_phases <= grew("tandem_e2e_request_latency_seconds_sum")
     for worker in serve.workers():
-        text = scrape(worker["url"])
+        text = httpx.get(worker["metrics_url"], timeout=HANG_S).text  # the metrics port
         assert metric_value(text, "process_resident_memory_bytes") > 0, worker
         assert metric_value(text, "process_open_fds") > 0, worker
         # a prefill node's steps are prompt chunks, a decode node's include decode steps
