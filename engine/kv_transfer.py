@@ -4,8 +4,8 @@ A prefill node pushes finished KV blocks straight into blocks a decode node rese
 NIXL WRITE descriptor per run of blocks adjacent on both sides (a block holds every layer's
 K and V, so a run is one contiguous region at each end). The decode node's agent metadata
 and KV layout travel inside every prefill request (a few hundred bytes), so a restarted
-prefill node needs no handshake, and an agent name carries a boot id, so a restarted node
-is a new agent that nobody mistakes for the dead one.
+prefill node needs only the pairing (`engine.wire`) again, and an agent name carries a boot
+id, so a restarted node is a new agent that nobody mistakes for the dead one.
 
 Control messages are msgspec structs, msgpack on the wire: on a new connection the decode
 node first greets (`engine.wire.Hello`, answered `Welcome` or `PairingRefused`); then
