@@ -525,7 +525,8 @@ def _threads(records: list[dict]) -> str:
     """A decode node's work outside the runner by thread, where its cycles measured the
     engine thread's CPU: the engine thread's own, the other threads' (mostly the HTTP
     thread streaming the step's records). Printed only: the simulation charges all of it
-    to the steps (docs/performance.md, 2026-11-26, "A decode node's HTTP thread")."""
+    to the steps (docs/notes/performance-2026-11-simulator.md, 2026-11-26, "A decode
+    node's HTTP thread")."""
     other = fit_other_threads(records)
     if not any(other):
         return "not measured"
