@@ -53,3 +53,17 @@ def test_transfer_benchmark_on_huge_pages(free_hugepages):
     assert f"host buffers on {huge_page_bytes() >> 20} MiB huge pages" in stdout, stdout
     for row in ("| 1 | 0.0625 MiB |", "| 4 | 0.25 MiB |"):
         assert row in stdout, stdout
+
+
+def test_house_benchmark_prints_its_tables():
+    stdout = run_bench("house.py", "--top", "3", "--tests")
+    assert "\ndate: " in stdout and "sim, tests (Python files" in stdout, stdout
+    for line in (
+        "Largest 3 files:\n\n| file | lines |",
+        "Largest 3 functions:\n\n| function | lines |",
+        "| folder | files | lines |",
+        "| `engine/` |",
+        "| `tests/router/` |",
+        "`# fmt: skip` markers: ",
+    ):
+        assert line in stdout, stdout
