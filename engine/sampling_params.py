@@ -47,12 +47,11 @@ class Range:
 
 # Every numeric field's rule, the one place they are kept: the engine checks them when a
 # SamplingParams is built (on the nodes too, as the wire decodes one), and the router's API
-# errors are these. The integers travel as msgpack int64 and seed torch generators. OpenAI's
-# bounds where its API has the field, vLLM's for its extras.
+# errors are these. The integers travel as msgpack int64 and seed torch generators.
 RANGES: Mapping[str, Range] = MappingProxyType(
     {
-        "n": Range(1, MAX_N),
-        "temperature": Range(0, 2),
+        "n": Range(1, _INT64_MAX),
+        "temperature": Range(0),
         "top_p": Range(0, 1, low_open=True),
         "top_k": Range(-1, _INT64_MAX),  # -1 and 0: no filter
         "min_p": Range(0, 1),
@@ -62,10 +61,22 @@ RANGES: Mapping[str, Range] = MappingProxyType(
         "repetition_penalty": Range(0, low_open=True),
         "max_tokens": Range(1, _INT64_MAX),
         "min_tokens": Range(0, _INT64_MAX),
+        "logprobs": Range(0, _INT64_MAX),
+    }
+)
+# What the OpenAI-compatible API accepts: the same table, narrowed where the API is
+# narrower than the engine (OpenAI's bounds where its API has the field, vLLM's default
+# `max_logprobs`, and the router's own cap on choices). The offline engine keeps the wider
+# ranges, as vLLM's does.
+API_RANGES: Mapping[str, Range] = MappingProxyType(
+    {
+        **RANGES,
+        "n": Range(1, MAX_N),
+        "temperature": Range(0, 2),
         "logprobs": Range(0, MAX_LOGPROBS),
     }
 )
-LOGIT_BIAS = Range(-100, 100)
+API_LOGIT_BIAS = Range(-100, 100)
 
 
 @dataclass
@@ -114,11 +125,24 @@ class SamplingParams:
         self.structured_outputs = StructuredOutputsParams.coerce(self.structured_outputs)
         self._validate()
 
-    def _validate(self) -> None:
-        for name, allowed in RANGES.items():
+    def check_api_limits(self) -> None:
+        """InvalidSamplingParam unless the parameters are also within what the API accepts
+        (`API_RANGES`, `API_LOGIT_BIAS`): the router calls it, the offline engine does not."""
+        self._check_ranges(API_RANGES)
+        for bias in (self.logit_bias or {}).values():
+            if bias not in API_LOGIT_BIAS:
+                raise InvalidSamplingParam(
+                    "logit_bias", f"logit_bias values must be {API_LOGIT_BIAS}, got {bias}"
+                )
+
+    def _check_ranges(self, ranges: Mapping[str, Range]) -> None:
+        for name, allowed in ranges.items():
             value = getattr(self, name)
             if value is not None and value not in allowed:
                 raise InvalidSamplingParam(name, f"{name} must be {allowed}, got {value}")
+
+    def _validate(self) -> None:
+        self._check_ranges(RANGES)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise InvalidSamplingParam(
                 "min_tokens",
@@ -126,11 +150,6 @@ class SamplingParams:
             )
         if not all(self.stop):
             raise InvalidSamplingParam("stop", "stop strings must not be empty")
-        for bias in (self.logit_bias or {}).values():
-            if bias not in LOGIT_BIAS:
-                raise InvalidSamplingParam(
-                    "logit_bias", f"logit_bias values must be {LOGIT_BIAS}, got {bias}"
-                )
 
     @property
     def greedy(self) -> bool:

@@ -195,6 +195,7 @@ class Preprocessor:
                 fields[name] = value
         with _naming(api_names):
             params = SamplingParams(**fields)
+            params.check_api_limits()
         self._check_ids(params.stop_token_ids, "stop_token_ids")
         self._check_ids(list(params.logit_bias or {}), "logit_bias")
         return params

@@ -139,7 +139,7 @@ def test_edits_of_a_batch_are_each_rows_own():
 
 def test_logprobs_are_raw_with_rank_and_top_n():
     x = logits(2)
-    rows = [req(temperature=0, logprobs=3), req(seed=9, temperature=2.0, logprobs=0)]
+    rows = [req(temperature=0, logprobs=3), req(seed=9, temperature=5.0, logprobs=0)]
     out = Sampler()(x, rows)
     raw = torch.log_softmax(x, -1)
     for i, lp in enumerate(out.logprobs):

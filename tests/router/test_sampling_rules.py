@@ -1,6 +1,7 @@
 """Sampling parameters have one set of rules, `SamplingParams`' own: for every bound in
-`RANGES` (and every rule between fields), a value just outside it gets the router's API
-error, a 400 naming the field, with the very message `SamplingParams` raises. The request
+`API_RANGES` (the engine's `RANGES`, narrowed where the API is narrower) and every rule
+between fields, a value just outside it gets the router's API error, a 400 naming the
+field, with the very message `SamplingParams` raises. The request
 models hold the API's shape only: no numeric bound of their own. No processes: the router's
 app in-process, with no workers."""
 
@@ -16,8 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tandem.engine.sampling_params import (
-    LOGIT_BIAS,
-    RANGES,
+    API_LOGIT_BIAS,
+    API_RANGES,
     InvalidSamplingParam,
     Range,
     SamplingParams,
@@ -47,7 +48,7 @@ def outside(name: str, allowed: Range) -> list[Any]:
 def cases() -> list[tuple[str, dict[str, Any], dict[str, Any], str]]:
     """(path, request body, SamplingParams kwargs, the API's param) for every rule."""
     found = []
-    for name, allowed in RANGES.items():
+    for name, allowed in API_RANGES.items():
         for value in outside(name, allowed):
             if name == "max_tokens" and value > 1:
                 continue  # the model's context bounds it first, in the router's own words
@@ -65,7 +66,7 @@ def cases() -> list[tuple[str, dict[str, Any], dict[str, Any], str]]:
         ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 0},
          {"max_tokens": 0}, "max_tokens"),
     ]  # fmt: skip
-    for value in (LOGIT_BIAS.low - 1, LOGIT_BIAS.high + 1):
+    for value in (API_LOGIT_BIAS.low - 1, API_LOGIT_BIAS.high + 1):
         body = {"prompt": "x", "logit_bias": {"5": value}}
         found.append(("/v1/completions", body, {"logit_bias": {5: value}}, "logit_bias"))
     return found
@@ -73,7 +74,7 @@ def cases() -> list[tuple[str, dict[str, Any], dict[str, Any], str]]:
 
 def engine_error(kwargs: dict[str, Any]) -> InvalidSamplingParam:
     with pytest.raises(InvalidSamplingParam) as caught:
-        SamplingParams(**kwargs)
+        SamplingParams(**kwargs).check_api_limits()
     return caught.value
 
 
@@ -117,12 +118,24 @@ def test_every_bound_is_the_engines_and_the_api_error_is_its_own(router):
 
 
 def test_the_edges_themselves_are_allowed():
-    for name, allowed in RANGES.items():
+    for name, allowed in API_RANGES.items():
         edges = [allowed.high] if allowed.low_open else [allowed.low, allowed.high]
         for value in edges:
             if value is not None:
-                SamplingParams(**{name: value, "max_tokens": None})
-    SamplingParams(logit_bias={1: LOGIT_BIAS.low, 2: LOGIT_BIAS.high})
+                SamplingParams(**{name: value, "max_tokens": None}).check_api_limits()
+    biases = {1: API_LOGIT_BIAS.low, 2: API_LOGIT_BIAS.high}
+    SamplingParams(logit_bias=biases).check_api_limits()
+
+
+@pytest.mark.parametrize(
+    "field, value", [("temperature", 5.0), ("n", 32), ("logprobs", 50), ("logit_bias", {1: 500.0})]
+)
+def test_the_offline_engine_keeps_its_wider_ranges(field, value):
+    """What the API narrows, the engine still takes (as vLLM's offline engine does)."""
+    params = SamplingParams(**{field: value})
+    with pytest.raises(InvalidSamplingParam) as caught:
+        params.check_api_limits()
+    assert caught.value.param == field
 
 
 def test_the_request_models_carry_no_bounds_of_their_own():
