@@ -1,8 +1,9 @@
 """The router's FastAPI app: OpenAI's `/v1/completions`, `/v1/chat/completions` and
 `/v1/models`, vLLM's `/tokenize` and `/detokenize`, and `/health`, `/metrics`, `/workers`.
 
-Order of checks for a generation request: API key (401), body (400), model name (404),
-saturation (429 with Retry-After), then the prompt (400) and the workers (503).
+Order of checks for a generation request: API key (401), body and its sampling parameters
+(400), model name (404), saturation (429 with Retry-After), then the prompt (400) and the
+workers (503).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import contextlib
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import httpx
 from fastapi import FastAPI, Request
@@ -24,6 +26,7 @@ from tandem.engine import request_log
 from tandem.engine.deployment_token import DeploymentToken
 from tandem.engine.node_server import KEEP_ALIVE_S as NODE_KEEP_ALIVE_S
 from tandem.engine.node_server import add_http_error_handler, add_validation_handler
+from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.structured_outputs import StructuredOutputsParams
 from tandem.engine.tracing import Tracing
 from tandem.router.cpu_pool import DEFAULT_WORKERS, CpuPool
@@ -147,7 +150,18 @@ class Router:
 
     # -- generation -----------------------------------------------------------------------
 
-    def _completion(self, req: CompletionRequest, base_id: str) -> Generation:
+    def _chat_params(self, req: ChatCompletionRequest) -> SamplingParams:
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs set to true", "top_logprobs")
+        logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        max_tokens = req.max_tokens
+        if req.max_completion_tokens is not None:
+            max_tokens = req.max_completion_tokens
+        return self.pre.sampling_params(req, max_tokens, logprobs, _chat_names(req))
+
+    def _completion(
+        self, req: CompletionRequest, params: SamplingParams, base_id: str
+    ) -> Generation:
         if req.suffix:
             raise APIError("suffix is not supported", "suffix")
         if req.best_of not in (None, req.n):
@@ -157,7 +171,7 @@ class Router:
         prompts = self.pre.completion_prompts(req)
         spec = self.pre.structured.spec(req)
         response_id = f"cmpl-{base_id}"
-        jobs = self._jobs(response_id, req, prompts, req.max_tokens, req.logprobs, spec)
+        jobs = self._jobs(response_id, req, params, prompts, spec)
         echoes = None
         if req.echo:
             texts = [
@@ -167,18 +181,14 @@ class Router:
         fmt = CompletionFormat(self.pre, req.logprobs is not None)
         return self._generation(response_id, req, fmt, jobs, prompts, echoes)
 
-    def _chat(self, req: ChatCompletionRequest, base_id: str) -> Generation:
-        if req.top_logprobs is not None and not req.logprobs:
-            raise APIError("top_logprobs needs logprobs set to true", "top_logprobs")
+    def _chat(self, req: ChatCompletionRequest, params: SamplingParams, base_id: str) -> Generation:
         tool_use = self.pre.structured.tool_use(req)
         prompt = self.pre.chat_prompt(req, tool_use)
         spec = self.pre.structured.spec(req, tool_use)
         parser = tool_use.parser if tool_use is not None else None
-        logprobs = (req.top_logprobs or 0) if req.logprobs else None
-        max_tokens = req.max_completion_tokens or req.max_tokens
         response_id = f"chatcmpl-{base_id}"
         keep = parser is not None and parser.keeps_special_tokens
-        jobs = self._jobs(response_id, req, [prompt], max_tokens, logprobs, spec, keep)
+        jobs = self._jobs(response_id, req, params, [prompt], spec, keep, _chat_names(req))
         fmt = ChatFormat(self.pre, req.logprobs, parser)
         return self._generation(response_id, req, fmt, jobs, [prompt])
 
@@ -186,18 +196,16 @@ class Router:
         self,
         response_id: str,
         req: CompletionRequest | ChatCompletionRequest,
+        params: SamplingParams,
         prompts: list[Prompt],
-        max_tokens: int | None,
-        logprobs: int | None,
         spec: StructuredOutputsParams | None = None,
         keep_special_tokens: bool = False,
+        api_names: Mapping[str, str] = MappingProxyType({}),
     ) -> list[Job]:
         """One job per choice, request ids `<response id>-<choice index>`."""
         jobs = []
         for p_index, prompt in enumerate(prompts):
-            choices = self.pre.sampling(
-                req, prompt, max_tokens, logprobs, spec, keep_special_tokens
-            )
+            choices = self.pre.sampling(params, prompt, spec, keep_special_tokens, api_names)
             for c_index, sampling in enumerate(choices):
                 rid = f"{response_id}-{p_index * req.n + c_index}"
                 jobs.append(Job(rid, prompt, sampling, req.cache_salt))
@@ -228,19 +236,21 @@ class Router:
 
         @app.post("/v1/completions")
         async def completions(req: CompletionRequest, request: Request) -> Response:
+            params = self.pre.sampling_params(req, req.max_tokens, req.logprobs)
             self._check_model(req.model)
             base = _base_id(request)
             num_choices = len(prompt_items(req)) * req.n
             return await self.runner.respond(
-                lambda: self._completion(req, base), req.stream, request, num_choices
+                lambda: self._completion(req, params, base), req.stream, request, num_choices
             )
 
         @app.post("/v1/chat/completions")
         async def chat(req: ChatCompletionRequest, request: Request) -> Response:
+            params = self._chat_params(req)
             self._check_model(req.model)
             base = _base_id(request)
             return await self.runner.respond(
-                lambda: self._chat(req, base), req.stream, request, req.n
+                lambda: self._chat(req, params, base), req.stream, request, req.n
             )
 
         @app.get("/v1/models")
@@ -347,3 +357,18 @@ _ENDPOINTS = frozenset(
     ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
      "/health", "/metrics", "/workers")
 )  # fmt: skip
+
+
+# The chat API's names of engine fields, where they differ.
+_CHAT_NAMES = MappingProxyType({"logprobs": "top_logprobs"})
+_CHAT_NAMES_MAX_COMPLETION = MappingProxyType(
+    {"logprobs": "top_logprobs", "max_tokens": "max_completion_tokens"}
+)
+
+
+def _chat_names(req: ChatCompletionRequest) -> Mapping[str, str]:
+    """`top_logprobs` for the engine's `logprobs`; `max_completion_tokens` for `max_tokens`
+    when the request set its length that way."""
+    if req.max_completion_tokens is not None:
+        return _CHAT_NAMES_MAX_COMPLETION
+    return _CHAT_NAMES

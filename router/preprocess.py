@@ -7,16 +7,18 @@ and raises `InvalidRequest` naming the parameter.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from tandem.engine.block_hash import block_extra_keys, hash_blocks
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.sampling_params import InvalidSamplingParam, SamplingParams
 from tandem.engine.structured_outputs import StructuredOutputsParams
 from tandem.engine.tokenizer import encode_chat
 from tandem.router.errors import InvalidRequest
@@ -160,83 +162,109 @@ class Preprocessor:
         ids_json = json.dumps(token_ids, separators=(",", ":"))
         return Prompt(token_ids, text, tuple(hashes), cache_salt, ids_json)
 
-    def _check_ids(self, token_ids: list[int], param: str) -> None:
-        vocab = self.limits.vocab_size
-        if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
-            raise InvalidRequest(f"token ids must be in [0, {vocab})", param)
-
     # -- sampling -------------------------------------------------------------------------
 
-    def sampling(
+    def sampling_params(
         self,
         req: SamplingFields,
-        prompt: Prompt,
         max_tokens: int | None,
         logprobs: int | None,
-        structured: StructuredOutputsParams | None = None,
-        keep_special_tokens: bool = False,
-    ) -> list[dict[str, Any]]:
-        """One sampling dictionary per choice (`n` of them; choice i seeded `seed + i`),
-        each with the request's structured-outputs spec as plain data.
-
-        `max_tokens` None means the rest of the context. `keep_special_tokens` keeps a tool
-        parser's marker in the text. Raises InvalidRequest.
-        """
-        room = self.limits.max_model_len - len(prompt.token_ids)
-        if max_tokens is not None and max_tokens > room:
-            raise InvalidRequest(
-                f"This model's maximum context length is {self.limits.max_model_len} tokens. "
-                f"However, you requested {len(prompt.token_ids) + max_tokens} tokens "
-                f"({len(prompt.token_ids)} in the prompt, {max_tokens} for the completion).",
-                "max_tokens",
-            )
-        params = self._params(req, max_tokens or room, logprobs)
-        params = dataclasses.replace(
-            params,
-            structured_outputs=structured,
-            skip_special_tokens=params.skip_special_tokens and not keep_special_tokens,
-        )
-        choices = []
-        for i in range(req.n):
-            seed = None if params.seed is None else _wrap_int64(params.seed + i)
-            choices.append(dataclasses.asdict(dataclasses.replace(params, seed=seed)))
-        return choices
-
-    def _params(self, req: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        api_names: Mapping[str, str] = MappingProxyType({}),
+    ) -> SamplingParams:
+        """The request's sampling parameters, held to `SamplingParams`' own rules (the one
+        place they are kept) and to this model's vocabulary. `max_tokens` None: the rest of
+        the context, which `sampling` sets per prompt. `api_names`: the API's name of an
+        engine field where they differ (chat's `top_logprobs` for `logprobs`). Raises
+        InvalidRequest naming the API's field."""
         fields: dict[str, Any] = {
+            "n": req.n,
             "max_tokens": max_tokens,
             "min_tokens": req.min_tokens,
             "stop": req.stop,
             "stop_token_ids": req.stop_token_ids or [],
             "seed": req.seed,
-            "logit_bias": self._logit_bias(req.logit_bias),
+            "logit_bias": req.logit_bias,
             "ignore_eos": req.ignore_eos,
             "logprobs": logprobs,
             "skip_special_tokens": req.skip_special_tokens,
             "include_stop_str_in_output": req.include_stop_str_in_output,
         }
-        for name in (
-            "temperature", "top_p", "top_k", "min_p",
-            "presence_penalty", "frequency_penalty", "repetition_penalty",
-        ):  # fmt: skip
+        for name in _API_DEFAULTS_NONE:
             value = getattr(req, name)
-            if value is not None:
+            if value is not None:  # the API's None: the engine's default
                 fields[name] = value
-        self._check_ids(fields["stop_token_ids"], "stop_token_ids")
-        try:
-            return SamplingParams(**fields)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc)) from exc
+        with _naming(api_names):
+            params = SamplingParams(**fields)
+            params.check_api_limits()
+        self._check_ids(params.stop_token_ids, "stop_token_ids")
+        self._check_ids(list(params.logit_bias or {}), "logit_bias")
+        return params
 
-    def _logit_bias(self, bias: dict[str, float] | None) -> dict[int, float] | None:
-        if not bias:
-            return None
-        try:
-            parsed = {int(k): float(v) for k, v in bias.items()}
-        except ValueError as exc:
-            raise InvalidRequest("logit_bias keys must be token ids", "logit_bias") from exc
-        self._check_ids(list(parsed), "logit_bias")
-        return parsed
+    def sampling(
+        self,
+        params: SamplingParams,
+        prompt: Prompt,
+        structured: StructuredOutputsParams | None = None,
+        keep_special_tokens: bool = False,
+        api_names: Mapping[str, str] = MappingProxyType({}),
+    ) -> list[dict[str, Any]]:
+        """One sampling dictionary per choice for one prompt (`params.n` of them, each with
+        `n` 1; choice i seeded `seed + i`), with the request's structured-outputs spec as
+        plain data.
+
+        `params.max_tokens` None means the rest of the context. `keep_special_tokens`
+        keeps a tool parser's marker in the text. Raises InvalidRequest naming the API's
+        field (`api_names` as for `sampling_params`).
+        """
+        room = self.limits.max_model_len - len(prompt.token_ids)
+        max_tokens = params.max_tokens
+        if max_tokens is not None and max_tokens > room:
+            raise InvalidRequest(
+                f"This model's maximum context length is {self.limits.max_model_len} tokens. "
+                f"However, you requested {len(prompt.token_ids) + max_tokens} tokens "
+                f"({len(prompt.token_ids)} in the prompt, {max_tokens} for the completion).",
+                api_names.get("max_tokens", "max_tokens"),
+            )
+        with _naming(api_names):
+            one = dataclasses.replace(
+                params,
+                n=1,
+                max_tokens=room if max_tokens is None else max_tokens,
+                structured_outputs=structured,
+                skip_special_tokens=params.skip_special_tokens and not keep_special_tokens,
+            )
+        choices = []
+        for i in range(params.n):
+            seed = None if one.seed is None else _wrap_int64(one.seed + i)
+            choices.append(dataclasses.asdict(dataclasses.replace(one, seed=seed)))
+        return choices
+
+    def _check_ids(self, token_ids: list[int], param: str) -> None:
+        vocab = self.limits.vocab_size
+        if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
+            raise InvalidRequest(f"token ids must be in [0, {vocab})", param)
+
+
+# The fields whose API default is None, meaning the engine's own default.
+_API_DEFAULTS_NONE = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+@contextlib.contextmanager
+def _naming(api_names: Mapping[str, str]) -> Iterator[None]:
+    """A `SamplingParams` rule broken inside becomes an InvalidRequest naming the API's
+    field (`api_names`: the API's name of an engine field, where they differ)."""
+    try:
+        yield
+    except InvalidSamplingParam as exc:
+        raise InvalidRequest(str(exc), api_names.get(exc.param, exc.param)) from exc
 
 
 def _wrap_int64(value: int) -> int:

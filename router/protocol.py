@@ -105,25 +105,26 @@ class StructuredOutputsField(BaseModel):
 
 
 class SamplingFields(BaseModel):
-    """What completions and chat share."""
+    """What completions and chat share: the API's shape only. The values' rules are
+    `SamplingParams`', checked when the router builds one (`Preprocessor.sampling_params`)."""
 
     model: str | None = None
-    n: Annotated[int, Field(ge=1, le=16)] = 1
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
     stop: str | list[str] | None = None
-    seed: Annotated[int, Field(ge=-(2**63), lt=2**63)] | None = None  # int64, as OpenAI
-    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
-    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
     user: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     # vLLM's extras
-    top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
-    min_tokens: Annotated[int, Field(ge=0)] = 0
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
@@ -139,8 +140,8 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: Prompt
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    max_tokens: int | None = 16
+    logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -148,10 +149,10 @@ class CompletionRequest(SamplingFields):
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: int | None = None
     add_generation_prompt: bool = True
     chat_template: str | None = None
     tools: list[Tool] | None = None

@@ -38,7 +38,7 @@ def test_text_is_the_decode_of_the_tokens(llm):
     ("params", "message"),
     [
         (dict(max_tokens=0), "max_tokens must be at least 1"),
-        (dict(temperature=-0.5), "temperature must be non-negative"),
+        (dict(temperature=-0.5), "temperature must be at least 0"),
         (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
         (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
         (dict(n=0), "n must be at least 1"),
