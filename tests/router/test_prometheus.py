@@ -139,8 +139,8 @@ def test_every_dashboard_query_and_rule_returns_series(llama_dir, router_logs, t
     prometheus = None
     try:
         serve.start().wait_ready()
-        workers = serve.workers()
         assert wait_until(lambda: all(w["healthy"] for w in serve.workers()))
+        workers = serve.workers()  # healthy: each node's metrics port is known
         # the target labels a PodMonitor gives: namespace, and the pods' tandem.dev labels
         jobs = {"operator": ([f"127.0.0.1:{operator.server_address[1]}"], {"namespace": "ops"})}
         urls = {"router": [serve.url]}
