@@ -306,13 +306,9 @@ class DecodeWorker:
         for request in self.failover.waiting_on(endpoint):
             stream = self.streams[request.request_id]
             self._fall_back(stream, "disconnected", f"lost the connection to {endpoint}")
-        quarantined = [k for k in self.failover.quarantined if self._held_for(k, endpoint)]
-        for key in quarantined:
+        for key in self.failover.quarantined_by(endpoint):  # logged and counted, then gone
             self._release_hold(key, "writer_lost")
         self.failover.writer_lost(endpoint)
-
-    def _held_for(self, key: str, worker: str) -> bool:
-        return self.failover.unconfirmed[key].worker == worker
 
     # -- remote prefill -------------------------------------------------------------------
 

@@ -42,10 +42,6 @@ class DeploymentToken:
     def generate(cls) -> DeploymentToken:
         return cls(secrets.token_urlsafe(32))
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.value)
-
     def headers(self) -> dict[str, str]:
         """The HTTP headers a holder sends to a control port."""
         return {HEADER: f"Bearer {self.value}"} if self.value else {}

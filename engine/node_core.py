@@ -6,6 +6,7 @@ share and the debug views the tests read (block census, raw blocks by hash)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import socket
 from dataclasses import dataclass
@@ -195,9 +196,10 @@ class NodeCore:
     def load(self) -> Load:
         return load_of(self.scheduler)
 
-    @property
+    @functools.cached_property
     def fingerprint(self) -> Fingerprint:
-        """What a peer exchanging KV blocks with this node must share with it."""
+        """What a peer exchanging KV blocks with this node must share with it (fixed for
+        the node's life: /health reports it at every check)."""
         model = self.config.model
         return Fingerprint(
             PROTOCOL_VERSION,

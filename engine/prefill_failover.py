@@ -221,10 +221,14 @@ class PrefillFailover:
         released when their timeout passes, unless it confirms first."""
         holds = [*self.scheduler.abandoned_remote, *self.unconfirmed.values()]
         self.lost.update(h.key for h in holds if h.worker == worker)
-        released = sorted(k for k in self.quarantined if self.unconfirmed[k].worker == worker)
+        released = self.quarantined_by(worker)
         for key in released:
             self.release(key)
         return released
+
+    def quarantined_by(self, worker: str) -> list[str]:
+        """Keys of the quarantined holds whose writer is `worker`."""
+        return sorted(k for k in self.quarantined if self.unconfirmed[k].worker == worker)
 
     def is_quarantined(self, key: str) -> bool:
         return key in self.quarantined

@@ -237,16 +237,7 @@ def test_a_worker_that_will_not_pair_gets_nothing_but_the_hello(fingerprint, tok
     client = make_client(context, clock, m=decode_metrics)
     try:
         client.send(worker.endpoint, abort(0))
-        unsent = []
-
-        def refused() -> bool:
-            unsent.extend(client.unsent())
-            worker.serve()
-            client.receive()
-            return bool(unsent)
-
-        assert wait_until(refused, interval=0.01)
-        assert unsent == [(worker.endpoint, abort(0))]
+        assert given_back(client, worker) == [(worker.endpoint, abort(0))]
         assert [type(msg) for _, msg in worker.got] == [Hello]
         assert refusals(worker_metrics, reason) == 1 and refusals(decode_metrics, reason) == 1
         assert client.send(worker.endpoint, abort(1)) is False  # left alone for a while
@@ -256,6 +247,20 @@ def test_a_worker_that_will_not_pair_gets_nothing_but_the_hello(fingerprint, tok
         client.close()
         worker.close()
         context.term()
+
+
+def given_back(client: PrefillClient, worker: Worker) -> list[tuple[str, msgspec.Struct]]:
+    """Turn the handshake between them until the client gives its messages back unsent."""
+    unsent = []
+
+    def refused() -> bool:
+        unsent.extend(client.unsent())
+        worker.serve()
+        client.receive()
+        return bool(unsent)
+
+    assert wait_until(refused, interval=0.01)
+    return unsent
 
 
 class Impostor(Worker):
@@ -277,15 +282,7 @@ def test_a_listener_without_the_token_never_gets_the_decode_node_s_messages():
     client = make_client(context, Clock(), m=decode_metrics)
     try:
         client.send(impostor.endpoint, abort(0))
-        unsent = []
-
-        def refused() -> bool:
-            unsent.extend(client.unsent())
-            impostor.serve()
-            client.receive()
-            return bool(unsent)
-
-        assert wait_until(refused, interval=0.01)
+        assert given_back(client, impostor) == [(impostor.endpoint, abort(0))]
         assert [type(msg) for _, msg in impostor.got] == [Hello]
         assert refusals(decode_metrics, "token") == 1
     finally:
