@@ -38,7 +38,9 @@ RUN --mount=type=secret,id=ca \
 # The project's wheel, built once from the sources alone (no tests, docs or benchmarks).
 FROM deps-${VARIANT} AS wheel
 COPY pyproject.toml README.md /src/
+COPY cli /src/cli
 COPY engine /src/engine
+COPY node /src/node
 COPY kernels /src/kernels
 COPY prefill_node /src/prefill_node
 COPY decode_node /src/decode_node

@@ -27,7 +27,7 @@ from machine import describe_host
 from replay_client import replay
 from sim_validate import router_phases
 
-from tandem.engine.ports import free_port
+from tandem.engine.api.ports import free_port
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import TTFT_PHASES
 from tandem.sim.workload import SimRequest
@@ -82,7 +82,7 @@ def phase_means(base: str, requests: list[SimRequest]) -> dict[str, float]:
 
 def run(args: argparse.Namespace, model: str) -> list[dict[str, float]]:
     command = [
-        sys.executable, "-P", "-m", "tandem.engine.cli", "serve", "--model", model,
+        sys.executable, "-P", "-m", "tandem.cli", "serve", "--model", model,
         "--prefill", str(args.prefill), "--decode", str(args.decode),
         "--remote-prefill-threshold", "0", "--port", str(args.port),
         "--num-kv-blocks", str(args.num_kv_blocks), "--max-model-len", str(args.max_model_len),

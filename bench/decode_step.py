@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from device_timing import print_header, time_ms
 
-from tandem.engine.attention import AttentionBatch, CommonAttentionMetadata
-from tandem.engine.config import ModelConfig
-from tandem.engine.cuda_graphs import DecodeGraphs
+from tandem.engine.attention.backend import AttentionBatch, CommonAttentionMetadata
+from tandem.engine.attention.triton_backend import TritonAttentionBackend
+from tandem.engine.core.config import ModelConfig
+from tandem.engine.exec.cuda_graphs import DecodeGraphs
 from tandem.engine.models.llama import LlamaForCausalLM
-from tandem.engine.triton_attention import TritonAttentionBackend
 from tandem.kernels.attention_plan import device_num_sms
 from tandem.kernels.ops import triton_ops
 

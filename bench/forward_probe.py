@@ -31,7 +31,7 @@ from proc_stats import thread_seconds
 from replay_client import refused, replay
 from silent_server import SilentServer
 
-from tandem.engine.ports import free_port
+from tandem.engine.api.ports import free_port
 from tandem.sim.workload import SimRequest
 
 # What the silent servers answer `GET /health` with: the router takes them as a node of

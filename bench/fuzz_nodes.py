@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for machine
 import torch
 from machine import describe_host
 
-from tandem.engine.deployment_token import ENV as TOKEN_ENV
-from tandem.engine.metrics import REFUSAL_REASONS
+from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.telemetry.metrics import REFUSAL_REASONS
 from tandem.engine.tiny_model import make_model
 from tests.disagg.fuzz_ports import (
     FakePrefill,

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import describe_host
 
-from tandem.engine.ports import free_port
+from tandem.engine.api.ports import free_port
 from tandem.router.http_pool import ClientShards
 
 

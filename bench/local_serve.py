@@ -15,8 +15,8 @@ from contextlib import contextmanager
 
 import httpx
 
-from tandem.engine.deployment_token import ENV as TOKEN_ENV
-from tandem.engine.deployment_token import DeploymentToken
+from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.api.deployment_token import DeploymentToken
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from tandem.engine import LLM, SamplingParams
-from tandem.engine.config import ModelConfig
+from tandem.engine.core.config import ModelConfig
 from tandem.engine.tiny_model import make_model
 
 

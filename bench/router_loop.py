@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from local_serve import wait_ready
 from machine import describe_host
 
-from tandem.engine.ports import free_port
+from tandem.engine.api.ports import free_port
 from tandem.router.serve import ensure_model
 
 

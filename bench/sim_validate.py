@@ -168,7 +168,7 @@ def figures(ttft: list[float], tpot: list[float], duration: float, n: int) -> di
 def run_real(args, model: str, slices: list[list[SimRequest]]) -> list[dict[str, float]]:
     """Replay each slice on one `tandem serve`, one after the other."""
     command = [
-        sys.executable, "-P", "-m", "tandem.engine.cli", "serve", "--model", model,
+        sys.executable, "-P", "-m", "tandem.cli", "serve", "--model", model,
         "--prefill", str(args.prefill), "--decode", str(args.decode), "--policy", args.policy,
         "--remote-prefill-threshold", str(args.threshold), "--port", str(args.port),
         "--num-kv-blocks", str(args.num_kv_blocks), "--max-model-len", str(args.max_model_len),

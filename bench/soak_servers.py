@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from tandem.engine.deployment_token import ENV as TOKEN_ENV
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.ports import free_port
+from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.ports import free_port
 
 
 class Serve:
@@ -29,7 +29,7 @@ class Serve:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        cmd = [sys.executable, "-P", "-m", "tandem.engine.cli", "serve", "--port", str(self.port)]
+        cmd = [sys.executable, "-P", "-m", "tandem.cli", "serve", "--port", str(self.port)]
         cmd += ["--prefill", str(args.prefill), "--decode", str(args.decode)]
         cmd += ["--debug-endpoints"]  # the census reads every node's /debug/kv
         for flag in ("model", "max_model_len", "num_kv_blocks", "prefill_timeout", "hold_timeout"):

@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import describe_host
 
-from tandem.engine.grammar import Grammar
-from tandem.engine.grammar_mask import GrammarMask
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.exec.grammar_mask import GrammarMask
 from tandem.engine.llm_engine import EngineArgs, LLMEngine
-from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.structured_outputs import StructuredOutputsParams
+from tandem.engine.structured.grammar import Grammar
+from tandem.engine.structured.spec import StructuredOutputsParams
 from tandem.engine.tiny_model import make_model
 
 ITEM = {

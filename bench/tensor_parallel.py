@@ -35,7 +35,7 @@ from machine import describe_host
 def step_batch(num_seqs: int, query_len: int, context: int, block_size: int = 16):
     """A StepBatch of `num_seqs` sequences computing `query_len` tokens each at the end of
     `context` tokens, every one sampling."""
-    from tandem.engine.step_batch import StepBatch
+    from tandem.engine.exec.step_batch import StepBatch
 
     tokens = num_seqs * query_len
     blocks = -(-context // block_size)
@@ -109,7 +109,7 @@ def _engine_memory(queue, model_dir: str, tp: int) -> None:
     import torch
 
     from tandem.engine import LLM
-    from tandem.engine.tp_worker import peak_rss_bytes, rss_bytes
+    from tandem.engine.parallel.rank_main import peak_rss_bytes, rss_bytes
 
     torch.set_num_threads(1)
     before = rss_bytes()
@@ -215,7 +215,7 @@ def main() -> None:
         args.size, args.repeats = "tiny", 1
     print("command: python bench/tensor_parallel.py " + " ".join(sys.argv[1:]))
     print(f"machine: {describe_host()}")
-    from tandem.engine.config import ModelConfig
+    from tandem.engine.core.config import ModelConfig
     from tandem.engine.tiny_model import make_model
 
     bench_broadcast(50 if args.smoke else 2000)

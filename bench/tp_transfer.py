@@ -28,11 +28,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # for bench.machine
 
 from bench.machine import describe_host
-from tandem.engine.kv_heads import cuts_of, head_range, num_descs, plan_pieces
-from tandem.engine.kv_staging import staging_cuts
-from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
-from tandem.engine.parallel import kv_head_range
-from tandem.engine.rank_kv import PeerPiece, RankKV
+from tandem.engine.models.tensor_parallel import kv_head_range
+from tandem.engine.transfer.kv_heads import cuts_of, head_range, num_descs, plan_pieces
+from tandem.engine.transfer.kv_staging import staging_cuts
+from tandem.engine.transfer.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.engine.transfer.rank_kv import PeerPiece, RankKV
 
 PAIRS = ((1, 1), (1, 2), (2, 1), (2, 2))
 POLL_S = 0.0005

@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for machine
 
 from machine import describe_host  # bench/machine.py
 
-from tandem.engine.host_memory import huge_page_bytes, hugepage_zeros
-from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.engine.exec.host_memory import huge_page_bytes, hugepage_zeros
+from tandem.engine.transfer.kv_transfer import KVTransferAgent, new_agent_name
 from tandem.sim.transfer_profile import TransferPoint, fit_transfer
 from tests.disagg.nodes import Node, start_all
 

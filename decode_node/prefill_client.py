@@ -33,10 +33,8 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.kv_transfer import FromPrefill, decode_from_prefill, encode
-from tandem.engine.metrics import NodeMetrics
-from tandem.engine.wire import (
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.wire import (
     HELLO_LABEL,
     WELCOME_LABEL,
     Fingerprint,
@@ -44,6 +42,8 @@ from tandem.engine.wire import (
     PairingRefused,
     Welcome,
 )
+from tandem.engine.telemetry.metrics import NodeMetrics
+from tandem.engine.transfer.kv_transfer import FromPrefill, decode_from_prefill, encode
 
 logger = logging.getLogger(__name__)
 

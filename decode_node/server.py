@@ -20,27 +20,28 @@ from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry
 
+from tandem.decode_node.node import DecodeNode, DecodeOptions, DuplicateRequest, GenerateInput
 from tandem.decode_node.prefill_client import PrefillClient
-from tandem.decode_node.worker import DecodeOptions, DecodeWorker, DuplicateRequest, GenerateInput
-from tandem.engine import request_log, tracing
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.heartbeat import Heartbeat
-from tandem.engine.kv_events import KVEventPublisher
-from tandem.engine.node_core import (
-    NodeCore,
-    NodeIdentity,
-    configure_process,
-    engine_args_from,
-)
-from tandem.engine.node_loop import NodeLoop
-from tandem.engine.node_server import NodeServer, error_body
-from tandem.engine.wire import (
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.http import error_body
+from tandem.engine.api.kv_events import KVEventPublisher
+from tandem.engine.api.wire import (
     ProtocolMismatch,
     decode_abort,
     decode_generate,
     error_message,
     error_param,
 )
+from tandem.engine.telemetry import request_log, tracing
+from tandem.node.core import (
+    NodeCore,
+    NodeIdentity,
+    configure_process,
+    engine_args_from,
+)
+from tandem.node.heartbeat import Heartbeat
+from tandem.node.loop import NodeLoop
+from tandem.node.server import NodeServer
 
 logger = logging.getLogger(__name__)
 
@@ -72,25 +73,25 @@ class DecodeLoop:
             self.context, self.poller, core.fingerprint, token or DeploymentToken(), core.metrics
         )
         self.publisher = KVEventPublisher(self.context, host, pub_port, core.agent.name)
-        self.worker = DecodeWorker(core, self.client, core.tokenizer, options, traces)
+        self.node = DecodeNode(core, self.client, core.tokenizer, options, traces)
 
     def run_once(self) -> None:
-        worker = self.worker
-        timeout = 0 if worker.busy else _REMOTE_POLL_MS if worker.waiting_remote else _IDLE_POLL_MS
+        node = self.node
+        timeout = 0 if node.busy else _REMOTE_POLL_MS if node.waiting_remote else _IDLE_POLL_MS
         if timeout:
             self.core.steps.wait()
         self.poller.poll(timeout)
         self.loop.run_calls()
         for endpoint, msg in self.client.unsent():
-            worker.on_unsent(endpoint, msg)
+            node.on_unsent(endpoint, msg)
         for endpoint, msg in self.client.receive():
-            worker.on_reply(endpoint, msg)
+            node.on_reply(endpoint, msg)
         for sender, data in self.core.agent.notifications():
-            worker.on_notification(sender, data)
+            node.on_notification(sender, data)
         for endpoint in self.client.lost():
-            worker.on_disconnect(endpoint)
-        worker.step()
-        self.core.agent.expect_writes(worker.waiting_remote)
+            node.on_disconnect(endpoint)
+        node.step()
+        self.core.agent.expect_writes(node.waiting_remote)
         self.core.metrics.observe(self.core.scheduler)
         events = self.core.kv.pool.events
         self.publisher.publish(events, self.core.load())
@@ -101,7 +102,7 @@ class DecodeLoop:
 
     def debug_report(self) -> dict[str, object]:
         """Holds past their timeout whose writer may still write (part of `held`)."""
-        failover = self.worker.failover
+        failover = self.node.failover
         return {
             "quarantined": failover.num_quarantined_blocks,
             "quarantined_holds": sorted(failover.quarantined),
@@ -125,7 +126,7 @@ def add_decode_routes(server: NodeServer) -> None:
             return _refuse_body(server, exc)
         if (busy := server.not_ready()) is not None:
             return busy
-        worker: DecodeWorker = server.worker.worker
+        node: DecodeNode = server.role.node
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict] = asyncio.Queue()
         log_id = request_log.clean(http.headers.get(request_log.HEADER))
@@ -135,13 +136,13 @@ def add_decode_routes(server: NodeServer) -> None:
         )  # fmt: skip
         try:
             with request_log.request_context(log_id):
-                await server.call(lambda: worker.add(inp, _sink(loop, queue)))
+                await server.call(lambda: node.add(inp, _sink(loop, queue)))
         except DuplicateRequest as exc:
             return error_body(str(exc), 409, "conflict_error")
         except ValueError as exc:
             return error_body(str(exc), 400)
         return StreamingResponse(
-            _records(server, worker, body.request_id, queue), media_type="application/x-ndjson"
+            _records(server, node, body.request_id, queue), media_type="application/x-ndjson"
         )
 
     @app.post("/abort")
@@ -152,8 +153,8 @@ def add_decode_routes(server: NodeServer) -> None:
             return _refuse_body(server, exc)
         if (busy := server.not_ready()) is not None:
             return busy
-        worker: DecodeWorker = server.worker.worker
-        found = await server.call(lambda: worker.abort(body.request_id))
+        node: DecodeNode = server.role.node
+        found = await server.call(lambda: node.abort(body.request_id))
         return JSONResponse({"aborted": found})
 
 
@@ -174,7 +175,7 @@ def _sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
 
 
 async def _records(
-    server: NodeServer, worker: DecodeWorker, request_id: str, queue: asyncio.Queue
+    server: NodeServer, node: DecodeNode, request_id: str, queue: asyncio.Queue
 ) -> AsyncIterator[bytes]:
     """The response body; if the client goes away first, the request is aborted."""
     finished = False
@@ -185,7 +186,7 @@ async def _records(
             yield (json.dumps(record) + "\n").encode()
     finally:
         if not finished:
-            server.loop.call(lambda: worker.abort(request_id))
+            server.loop.call(lambda: node.abort(request_id))
 
 
 def run(args: argparse.Namespace) -> None:

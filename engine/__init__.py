@@ -1,7 +1,7 @@
 """Tandem's engine core: paged KV cache, scheduler, model runner, sampler, offline API.
 
 The public names load on first use (PEP 562): importing a light submodule such as
-`tandem.engine.cli` or `tandem.engine.kube_config` must not load torch and transformers.
+`tandem.cli` or `tandem.engine.api.kube_config` must not load torch and transformers.
 """
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tandem.engine.core.outputs import CompletionOutput, RequestOutput
+    from tandem.engine.core.sampling_params import SamplingParams
     from tandem.engine.llm import LLM
     from tandem.engine.llm_engine import EngineArgs, LLMEngine
-    from tandem.engine.outputs import CompletionOutput, RequestOutput
-    from tandem.engine.sampling_params import SamplingParams
 
 # public name -> the submodule that defines it
 _EXPORTS = {
     "LLM": "tandem.engine.llm",
-    "CompletionOutput": "tandem.engine.outputs",
+    "CompletionOutput": "tandem.engine.core.outputs",
     "EngineArgs": "tandem.engine.llm_engine",
     "LLMEngine": "tandem.engine.llm_engine",
-    "RequestOutput": "tandem.engine.outputs",
-    "SamplingParams": "tandem.engine.sampling_params",
+    "RequestOutput": "tandem.engine.core.outputs",
+    "SamplingParams": "tandem.engine.core.sampling_params",
 }
 
 __all__ = [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.llm import LLM
-from tandem.engine.sampling_params import SamplingParams
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

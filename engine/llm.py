@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from tandem.engine.core.outputs import RequestOutput
+from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.llm_engine import EngineArgs, LLMEngine
-from tandem.engine.outputs import RequestOutput
-from tandem.engine.sampling_params import SamplingParams
 from tandem.engine.tokenizer import Message, encode_chat
 
 Params = SamplingParams | Sequence[SamplingParams] | None

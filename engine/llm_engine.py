@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from tandem.engine.block_pool import BlockCounts
-from tandem.engine.config import (
+from tandem.engine.core.block_pool import BlockCounts
+from tandem.engine.core.config import (
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -25,16 +25,16 @@ from tandem.engine.config import (
     resolve_dtype,
     resolve_kernels,
 )
-from tandem.engine.grammar import GrammarCompiler
-from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.kv_staging import plan_block_bytes
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.outputs import RequestOutput
+from tandem.engine.core.request import Request, RequestStatus
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.core.scheduler import Scheduler
 from tandem.engine.model_runner import ModelRunner, activation_bytes
 from tandem.engine.output_processor import OutputProcessor
-from tandem.engine.outputs import RequestOutput
-from tandem.engine.request import Request, RequestStatus
-from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import Scheduler
+from tandem.engine.structured.grammar import GrammarCompiler
 from tandem.engine.tokenizer import load_tokenizer
+from tandem.engine.transfer.kv_staging import plan_block_bytes
 
 # KV-cache budget on the CPU when `num_kv_blocks` is not given.
 _CPU_KV_CACHE_BYTES = 2 << 30

@@ -13,22 +13,22 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from tandem.engine.attention import AttentionBackend
-from tandem.engine.config import EngineConfig
-from tandem.engine.cuda_graphs import DecodeGraphs
-from tandem.engine.model_shard import (
+from tandem.engine.attention.backend import AttentionBackend
+from tandem.engine.core.config import EngineConfig
+from tandem.engine.core.request import Request
+from tandem.engine.core.scheduler import ModelRunnerOutput, SchedulerOutput
+from tandem.engine.core.step_event import StepEvent
+from tandem.engine.exec.cuda_graphs import DecodeGraphs
+from tandem.engine.exec.model_shard import (
     ModelShard,
     allocate_kv_cache,
     kv_block_bytes,
     select_attention_backend,
 )
-from tandem.engine.parallel import TensorParallel
-from tandem.engine.request import Request
-from tandem.engine.sampler import Sampler
-from tandem.engine.scheduler import ModelRunnerOutput, SchedulerOutput
-from tandem.engine.step_batch import StepBatch
-from tandem.engine.step_event import StepEvent
-from tandem.engine.tp_group import WorkerRanks
+from tandem.engine.exec.sampler import Sampler
+from tandem.engine.exec.step_batch import StepBatch
+from tandem.engine.models.tensor_parallel import TensorParallel
+from tandem.engine.parallel.rank_processes import RankProcesses
 
 __all__ = [
     "ModelRunner",
@@ -68,7 +68,7 @@ class ModelRunner:
         self.block_size = config.cache.block_size
         self.block_ids_of = block_ids_of
         self.sampler = Sampler()
-        self.workers: WorkerRanks | None = None
+        self.workers: RankProcesses | None = None
         self.broken: str | None = None  # why the ranks were stopped mid-run
         tp = TensorParallel(config.model, 0, config.tensor_parallel_size)
         if tp.size == 1:
@@ -76,7 +76,7 @@ class ModelRunner:
             self.shard.capture_graphs()
             return
         threads = max(1, torch.get_num_threads() // tp.size) if self.device.type == "cpu" else 1
-        self.workers = WorkerRanks(config, threads)
+        self.workers = RankProcesses(config, threads)
         try:
             if self.device.type == "cpu":
                 torch.set_num_threads(threads)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
+from tandem.engine.core.outputs import CompletionOutput, RequestOutput
+from tandem.engine.core.request import Request, RequestStatus
 from tandem.engine.detokenizer import IncrementalDetokenizer
-from tandem.engine.outputs import CompletionOutput, RequestOutput
-from tandem.engine.request import Request, RequestStatus
 
 
 @dataclass

@@ -67,7 +67,7 @@ def role_flags(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
     flags = _engine_flags(spec) | {"tensor-parallel-size": spec.pool(role).tensor_parallel_size}
     if role == "prefill":
         # the decode pool's size: a finer split of the KV heads needs staging mirrors,
-        # planned at start-up (engine/kv_staging.py)
+        # planned at start-up (engine/transfer/kv_staging.py)
         peers = [spec.decode.tensor_parallel_size]
         return flags | {
             "zmq-port": ZMQ_PORT,

@@ -12,7 +12,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from tandem.engine.kube_config import load_configuration
+from tandem.engine.api.kube_config import load_configuration
 from tandem.operator.kinds import EVENT, LLM_DEPLOYMENT, Kind, child_kind
 from tandem.operator.names import FIELD_MANAGER
 

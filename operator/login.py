@@ -12,7 +12,7 @@ from typing import Any
 
 import kopf
 
-from tandem.engine.kube_config import load_configuration
+from tandem.engine.api.kube_config import load_configuration
 
 
 def connection_info(configuration: Any) -> kopf.ConnectionInfo:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tandem.engine.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
 from tandem.operator.download import TOKENIZER_PATTERNS, download_container
 from tandem.operator.engine_config import model_dir
 from tandem.operator.hardening import container_security_context, pod_security_context

@@ -1,4 +1,4 @@
-"""The deployment's token (`engine.deployment_token`) in the Secret `<name>-token`: made
+"""The deployment's token (`engine.api.deployment_token`) in the Secret `<name>-token`: made
 once by the operator with a random value, and never read or changed by it. Every pod of the
 deployment reads it through a `secretKeyRef`; the operator holds only `create` on Secrets,
 so it can read no Secret anywhere. Deleting the Secret rotates the token: the next

@@ -14,9 +14,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.metrics import NodeMetrics
-from tandem.engine.wire import (
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.wire import (
     HELLO_LABEL,
     WELCOME_LABEL,
     Fingerprint,
@@ -24,6 +23,7 @@ from tandem.engine.wire import (
     PairingRefused,
     Welcome,
 )
+from tandem.engine.telemetry.metrics import NodeMetrics
 
 logger = logging.getLogger(__name__)
 

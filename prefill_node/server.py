@@ -10,22 +10,27 @@ import msgspec
 import zmq
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.heartbeat import Heartbeat
-from tandem.engine.kv_events import KVEventPublisher
-from tandem.engine.kv_transfer import AbortPrefill, PrefillFailed, decode_to_prefill, encode
-from tandem.engine.node_core import (
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.kv_events import KVEventPublisher
+from tandem.engine.api.wire import Hello
+from tandem.engine.telemetry.tracing import Tracing
+from tandem.engine.transfer.kv_transfer import (
+    AbortPrefill,
+    PrefillFailed,
+    decode_to_prefill,
+    encode,
+)
+from tandem.node.core import (
     NodeCore,
     NodeIdentity,
     configure_process,
     engine_args_from,
 )
-from tandem.engine.node_loop import NodeLoop
-from tandem.engine.node_server import NodeServer
-from tandem.engine.tracing import Tracing
-from tandem.engine.wire import Hello
+from tandem.node.heartbeat import Heartbeat
+from tandem.node.loop import NodeLoop
+from tandem.node.server import NodeServer
+from tandem.prefill_node.node import PrefillNode
 from tandem.prefill_node.pairings import Pairings
-from tandem.prefill_node.worker import PrefillWorker
 
 logger = logging.getLogger(__name__)
 
@@ -60,21 +65,21 @@ class PrefillLoop:
         self.poller = zmq.Poller()
         self.poller.register(self.socket, zmq.POLLIN)
         self.poller.register(loop.wake_fd, zmq.POLLIN)
-        self.worker = PrefillWorker(core, self._reply, traces)
+        self.node = PrefillNode(core, self._reply, traces)
         self.pairings = Pairings(
             core.fingerprint, token or DeploymentToken(), core.metrics, core.agent.name
         )
 
     def run_once(self) -> None:
-        worker = self.worker
-        timeout = 0 if worker.busy else _TRANSFER_POLL_MS if worker.jobs else _IDLE_POLL_MS
+        node = self.node
+        timeout = 0 if node.busy else _TRANSFER_POLL_MS if node.jobs else _IDLE_POLL_MS
         if timeout:
             self.core.steps.wait()
         self.poller.poll(timeout)
         self.loop.run_calls()
         self._read_messages()
-        worker.step()
-        worker.poll()
+        node.step()
+        node.poll()
         self.core.metrics.observe(self.core.scheduler)
         events = self.core.kv.pool.events
         self.publisher.publish(events, self.core.load())
@@ -100,9 +105,9 @@ class PrefillLoop:
             elif not self.pairings.admits(peer):
                 self._refuse_unpaired(peer, msg)
             elif isinstance(msg, AbortPrefill):
-                self.worker.abort(peer, msg)
+                self.node.abort(peer, msg)
             else:
-                self.worker.submit(peer, msg)
+                self.node.submit(peer, msg)
 
     def _refuse_unpaired(self, peer: bytes, msg: object) -> None:
         """A request from a connection that never paired fails (its sender may be a decode
@@ -124,7 +129,7 @@ class PrefillLoop:
         return {"zmq_port": self.zmq_port, "events_port": self.publisher.port}
 
     def debug_report(self) -> dict[str, object]:
-        return {"jobs": self.worker.report()}
+        return {"jobs": self.node.report()}
 
     def close(self) -> None:
         self.socket.close(0)

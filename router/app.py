@@ -22,13 +22,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tandem.engine import request_log
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.node_server import KEEP_ALIVE_S as NODE_KEEP_ALIVE_S
-from tandem.engine.node_server import add_http_error_handler, add_validation_handler
-from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.structured_outputs import StructuredOutputsParams
-from tandem.engine.tracing import Tracing
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.http import KEEP_ALIVE_S as NODE_KEEP_ALIVE_S
+from tandem.engine.api.http import add_http_error_handler, add_validation_handler
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.structured.spec import StructuredOutputsParams
+from tandem.engine.telemetry import request_log
+from tandem.engine.telemetry.tracing import Tracing
 from tandem.router.cpu_pool import DEFAULT_WORKERS, CpuPool
 from tandem.router.dispatch import READ_TIMEOUT_S, Dispatcher, Job
 from tandem.router.errors import APIError, ModelNotFound, Unauthorized
@@ -109,7 +109,7 @@ class Router:
             )
 
         # Idle connections are dropped well before a node's server closes them
-        # (`node_server.KEEP_ALIVE_S`), so a request never goes out on a connection the
+        # (`tandem.engine.api.http.KEEP_ALIVE_S`), so a request never goes out on a connection the
         # server is closing; and kept across the pauses of bursty traffic, so a burst does
         # not wait for new connections to the decode nodes.
         self.cpu = CpuPool(self.options.cpu_workers)

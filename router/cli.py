@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from tandem.engine.tracing import add_tracing_argument
+from tandem.engine.telemetry.tracing import add_tracing_argument
 from tandem.router.cpu_pool import DEFAULT_WORKERS
 
 POLICY_NAMES = ("kv-aware", "prefix-aware", "least-load", "round-robin")

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tandem.engine.kube_config import load_configuration
+from tandem.engine.api.kube_config import load_configuration
 from tandem.router.workers import WorkerAddress
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from tandem.engine import request_log, tracing
-from tandem.engine.wire import PROTOCOL_VERSION
+from tandem.engine.api.wire import PROTOCOL_VERSION
+from tandem.engine.telemetry import request_log, tracing
 from tandem.router.errors import APIError, InvalidRequest, Unavailable, UpstreamFailed
 from tandem.router.http_pool import ClientShards
 from tandem.router.kv_index import PrefixIndex

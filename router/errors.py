@@ -6,7 +6,7 @@ import re
 
 from fastapi.responses import JSONResponse
 
-from tandem.engine.node_server import error_body
+from tandem.engine.api.http import error_body
 
 
 class APIError(Exception):

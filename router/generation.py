@@ -22,8 +22,8 @@ from typing import Any
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from tandem.engine import request_log, tracing
-from tandem.engine.tracing import Tracing
+from tandem.engine.telemetry import request_log, tracing
+from tandem.engine.telemetry.tracing import Tracing
 from tandem.router.cpu_pool import CpuPool
 from tandem.router.dispatch import Dispatcher, Job
 from tandem.router.errors import APIError, InvalidRequest, RouterFault, TooManyRequests

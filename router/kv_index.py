@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tandem.engine.kv_events import KVEventBatch
+from tandem.engine.api.kv_events import KVEventBatch
 
 
 @dataclass

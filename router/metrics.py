@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
-from tandem.engine.metrics import LABELS, LATENCY_BUCKETS
+from tandem.engine.telemetry.metrics import LABELS, LATENCY_BUCKETS
 from tandem.router.phase_metrics import PhaseMetrics
 from tandem.router.policy import Route
 from tandem.router.workers import WorkerState

@@ -25,7 +25,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from tandem.engine.kv_events import decode_batch
+from tandem.engine.api.kv_events import decode_batch
 from tandem.router.http_pool import ClientShards
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics

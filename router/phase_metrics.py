@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from tandem.engine.metrics import LABELS, LATENCY_BUCKETS
+from tandem.engine.telemetry.metrics import LABELS, LATENCY_BUCKETS
 
 TTFT_PHASES = ("queue", "remote_prefill", "kv_transfer", "other")
 PHASES = (*TTFT_PHASES, "first_decode", "decode")

@@ -17,9 +17,9 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from tandem.engine.block_hash import block_extra_keys, hash_blocks
-from tandem.engine.sampling_params import InvalidSamplingParam, SamplingParams
-from tandem.engine.structured_outputs import StructuredOutputsParams
+from tandem.engine.core.block_hash import block_extra_keys, hash_blocks
+from tandem.engine.core.sampling_params import InvalidSamplingParam, SamplingParams
+from tandem.engine.structured.spec import StructuredOutputsParams
 from tandem.engine.tokenizer import encode_chat
 from tandem.router.errors import InvalidRequest
 from tandem.router.protocol import (

@@ -16,10 +16,10 @@ import signal
 import sys
 from pathlib import Path
 
-from tandem.engine.deployment_token import ENV as TOKEN_ENV
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.ports import free_port
-from tandem.engine.tracing import add_tracing_argument
+from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.ports import free_port
+from tandem.engine.telemetry.tracing import add_tracing_argument
 from tandem.router.cli import POLICY_NAMES, add_tool_call_parser
 from tandem.router.supervisor import Child, RestartPolicy, Supervisor
 

@@ -10,11 +10,11 @@ import socket
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.config import ModelConfig
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.request_log import configure_logging
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.core.config import ModelConfig
+from tandem.engine.telemetry.request_log import configure_logging
+from tandem.engine.telemetry.tracing import Tracing
 from tandem.engine.tokenizer import load_tokenizer
-from tandem.engine.tracing import Tracing
 from tandem.router.app import Router, RouterOptions
 from tandem.router.discovery import EndpointSliceDiscovery, StaticDiscovery
 from tandem.router.metrics import RouterMetrics

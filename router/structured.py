@@ -14,8 +14,8 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from tandem.engine.grammar import GrammarCompiler, InvalidGrammar
-from tandem.engine.structured_outputs import StructuredOutputsParams
+from tandem.engine.structured.grammar import GrammarCompiler, InvalidGrammar
+from tandem.engine.structured.spec import StructuredOutputsParams
 from tandem.router.errors import InvalidRequest
 from tandem.router.protocol import ChatCompletionRequest, SamplingFields
 from tandem.router.tool_parsers import PARSERS, ToolParser, detect_parser

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from tandem.engine.kv_events import Load
+from tandem.engine.api.kv_events import Load
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tandem.engine.step_log import StepWork
+from tandem.engine.telemetry.step_log import StepWork
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.shapes import ModelShape
 from tandem.sim.step_model import StepShape, StepTimeModel

@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tandem.engine.block_hash import hash_blocks
-from tandem.engine.config import SchedulerConfig
-from tandem.engine.prefill_failover import DecodeOptions
-from tandem.engine.request import Request
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.core.block_hash import hash_blocks
+from tandem.engine.core.config import SchedulerConfig
+from tandem.engine.core.request import Request
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.transfer.prefill_failover import DecodeOptions
 from tandem.router.dispatch import WorkerFailed
 from tandem.router.errors import APIError, Unavailable
 from tandem.router.phase_metrics import ChoiceClock

@@ -1,9 +1,9 @@
 """A simulated decode node: the real scheduler's remote-prefill decision (threshold, all or
 nothing reservation, destination blocks), continuous-batched decode, and the decode node's
-real fail-over code, `tandem.engine.prefill_failover.PrefillFailover` with `DecodeOptions`,
-the object `DecodeWorker` drives.
+real fail-over code, `tandem.engine.transfer.prefill_failover.PrefillFailover` with `DecodeOptions`,
+the object `DecodeNode` drives.
 
-This node drives it as `DecodeWorker` does, on the simulated clock: before each step the
+This node drives it as `DecodeNode` does, on the simulated clock: before each step the
 prefill deadlines and hold timeouts (`overdue`, `expire_holds`), after scheduling the
 remote prefills sent and the aborts (`send_aborts`); a failure report or a dropped
 connection falls back at once (`fall_back`), and so does a send to a worker whose
@@ -19,9 +19,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tandem.engine.prefill_failover import DecodeOptions, PrefillFailover
-from tandem.engine.request import Request, RequestStatus
-from tandem.engine.scheduler import RemoteHold, SchedulerOutput, remote_hold_key
+from tandem.engine.core.request import Request, RequestStatus
+from tandem.engine.core.scheduler import RemoteHold, SchedulerOutput, remote_hold_key
+from tandem.engine.transfer.prefill_failover import DecodeOptions, PrefillFailover
 from tandem.sim.host_process import HostProcess
 from tandem.sim.node import SimNode
 
@@ -169,7 +169,7 @@ class SimDecode(SimNode):
         self.scheduler.complete_remote_prefill(request_id, token_id, None)
         admitted, sent = self._remote_times[request_id]
         now = self.cluster.events.now
-        self.cluster.on_timings(request, {  # as `DecodeWorker` puts them on the first record
+        self.cluster.on_timings(request, {  # as `DecodeNode` puts them on the first record
             "queue_s": admitted - request.arrival_time,
             "remote_s": now - sent,
             "prefill_s": prefill_s,

@@ -1,6 +1,6 @@
 """What goes wrong in a simulated run: clients that cancel, prefill and decode workers that
 die (and come back). How the deployment reacts is not modelled here: it is the decode
-node's real fail-over policy (`DecodeWorker`'s, with `ClusterConfig.failover`) acting on the
+node's real fail-over policy (`DecodeNode`'s, with `ClusterConfig.failover`) acting on the
 real scheduler's `retry_remote`, `finish_requests` and holds, and the router's real
 `Dispatcher.on_failure` (eject, retry elsewhere or end the stream in error).
 

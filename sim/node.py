@@ -16,12 +16,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tandem.engine.config import SchedulerConfig
-from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.kv_events import KVEventBatch, Load, load_of
-from tandem.engine.request import Request
-from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
-from tandem.engine.step_log import context_lens
+from tandem.engine.api.kv_events import KVEventBatch, Load, load_of
+from tandem.engine.core.config import SchedulerConfig
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.request import Request
+from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tandem.engine.telemetry.step_log import context_lens
 from tandem.sim.step_model import StepShape, StepTimeModel
 
 if TYPE_CHECKING:

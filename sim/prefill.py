@@ -1,12 +1,12 @@
 """A simulated prefill worker: prompt-only batches in the real scheduler, and after every
 step a write of the blocks completed so far under a hold on the source blocks, as
-`PrefillWorker` does; the notification with the first token goes out once every write of
+`PrefillNode` does; the notification with the first token goes out once every write of
 the job has landed. Writes of one node share its link, one after another. The loop sees a
 write end between its steps; before a step, while a job that has its first token still has
 a write in flight, it waits for that write for at most `LAST_WRITE_WAIT_SHARE` of its last
-step and notifies as soon as it lands (`wait_before_step`), as `PrefillWorker.step` does.
+step and notifies as soon as it lands (`wait_before_step`), as `PrefillNode.step` does.
 
-Jobs end early as in `PrefillWorker`: an abort from the decode node, or a passed deadline
+Jobs end early as in `PrefillNode`: an abort from the decode node, or a passed deadline
 (checked before each step and before each write). The decode node hears of it (`AbortAck`,
 `PrefillFailed`) only once no write of the job is in flight; an abort of a job this worker
 does not know (a restarted worker) is confirmed at once. Jobs are keyed by the decode node's
@@ -16,9 +16,9 @@ not taken for the dead node's attempt.
 A decode node that dies fails the writes into it, as NIXL does: a write that had not landed
 when it died ends in error (`write`), and from one hop after its death (when this worker's
 connection to it has failed) posting a write raises (`post`) and so does the notification
-(`notify`). Each ends the job as `PrefillWorker` does (`transfer`, or `notify`), releasing
+(`notify`). Each ends the job as `PrefillNode` does (`transfer`, or `notify`), releasing
 its holds; its `PrefillFailed` goes nowhere. A job that has posted nothing yet keeps its
-place in the batch until its first write, as in `PrefillWorker`. The failures are counted
+place in the batch until its first write, as in `PrefillNode`. The failures are counted
 by reason, as `tandem_kv_transfer_failures_total` counts them.
 """
 
@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from tandem.engine.kv_transfer import LAST_WRITE_WAIT_SHARE
-from tandem.engine.request import Request, RequestStatus
-from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import SchedulerOutput, prefill_job_key
+from tandem.engine.core.request import Request, RequestStatus
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.core.scheduler import SchedulerOutput, prefill_job_key
+from tandem.engine.transfer.kv_transfer import LAST_WRITE_WAIT_SHARE
 from tandem.sim.decode import RemotePrefill, SimDecode
 from tandem.sim.node import SAMPLED_TOKEN, SimNode
 from tandem.sim.transfer_model import TransferModel, num_runs
@@ -138,7 +138,7 @@ class SimPrefill(SimNode):
 
     def _landed(self, job: Job, hold: str) -> None:
         """The write ended: in error if its decode node was dead by then. The loop sees it
-        between its steps, as `PrefillWorker.poll` runs after each step, and at once while
+        between its steps, as `PrefillNode.poll` runs after each step, and at once while
         it waits for finished jobs' last writes."""
         if not self._waiting:
             self.deliver(self._write_done, job, hold, job.msg.decode.dead)
@@ -148,7 +148,7 @@ class SimPrefill(SimNode):
             self._end_wait(self._waits)
 
     def wait_before_step(self) -> bool:
-        """As `PrefillWorker.step`: with a batch due and a finished job's write in flight,
+        """As `PrefillNode.step`: with a batch due and a finished job's write in flight,
         wait until the writes of finished jobs land or `LAST_WRITE_WAIT_SHARE` of the last
         step has passed."""
         finishing = self._finishing()
@@ -166,7 +166,7 @@ class SimPrefill(SimNode):
     def _end_wait(self, wait: int) -> None:
         if self._waiting and wait == self._waits:
             self._waiting = False
-            for job in self._waited:  # waited for once, as PrefillWorker does
+            for job in self._waited:  # waited for once, as PrefillNode does
                 job.waited = True
             self.resume()
 

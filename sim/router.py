@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.kv_events import KVEventBatch
+from tandem.engine.api.kv_events import KVEventBatch
 from tandem.router.dispatch import Dispatcher, WorkerFailed
 from tandem.router.errors import APIError
 from tandem.router.kv_index import PrefixIndex

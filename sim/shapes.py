@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.engine.config import ModelConfig
+from tandem.engine.core.config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tandem.engine.step_log import StepWork
+from tandem.engine.telemetry.step_log import StepWork
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.shapes import ModelShape
 

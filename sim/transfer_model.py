@@ -7,7 +7,7 @@ the decode ranks that hold them (design §4, "whatever the two TP sizes"): a pre
 feeding `tp_decode / tp_prefill` decode ranks posts one write to each, so it pays the
 latency and descriptors once per destination rank. Only the sender's link is a queue:
 when `tp_prefill > tp_decode` the decode rank's ingress, shared by several senders, is not
-modelled. Descriptors follow the engine (engine/kv_heads.py): at equal TP sizes one per run
+modelled. Descriptors follow the engine (engine/transfer/kv_heads.py): at equal TP sizes one per run
 of adjacent blocks, as at TP 1; between different sizes one per block and destination rank
 (a re-packed piece never merges across blocks). The re-packing copies themselves (on the
 side with more heads a rank, at device memory bandwidth) are not modelled.

@@ -61,7 +61,7 @@ NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
 def free_hugepages():
     """`ensure(n)`: at least `n` huge pages free, the kernel's reservation raised for this
     test alone when it falls short (root only) and put back afterwards."""
-    from tandem.engine.host_memory import free_huge_pages
+    from tandem.engine.exec.host_memory import free_huge_pages
 
     before = int(NR_HUGEPAGES.read_text())
 

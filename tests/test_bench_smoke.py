@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.engine.host_memory import huge_page_bytes
+from tandem.engine.exec.host_memory import huge_page_bytes
 from tests.bench_run import run_bench
 
 

@@ -35,25 +35,24 @@ def test_the_operator_imports_no_serving_code_and_no_torch():
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
     serving = {m for m in loaded if m.startswith("tandem.") and m.split(".")[1] != "operator"} - {
         "tandem.engine",
-        "tandem.engine.kube_config",
-        "tandem.engine.deployment_token",  # stdlib only: the token's variable, shared with pods
+        "tandem.engine.api",
+        "tandem.engine.api.kube_config",
+        "tandem.engine.api.deployment_token",  # stdlib only: the token's variable, shared with pods
     }
     assert not serving, sorted(serving)
 
 
 def test_tandem_operator_render_runs_without_torch():
-    code = f"from tandem.engine.cli import main; main(['operator', '--render', {str(EXAMPLE)!r}])"
+    code = f"from tandem.cli import main; main(['operator', '--render', {str(EXAMPLE)!r}])"
     loaded = loaded_after(code)
     assert "tandem.operator.render" in loaded
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
 
 
 def test_tandem_imports_only_the_subcommand_that_runs():
-    top = loaded_after("from tandem.engine.cli import main; main(['--help'])")
-    assert not {m for m in top if m.startswith("tandem.") and m != "tandem.engine.cli"} - {
-        "tandem.engine"
-    }
-    make_model = loaded_after("from tandem.engine.cli import main; main(['make-model', '--help'])")
+    top = loaded_after("from tandem.cli import main; main(['--help'])")
+    assert not {m for m in top if m.startswith("tandem.") and m != "tandem.cli"} - {"tandem.engine"}
+    make_model = loaded_after("from tandem.cli import main; main(['make-model', '--help'])")
     assert "tandem.engine.tiny_model" in make_model
     assert not {m for m in make_model if m.split(".")[:2] in (["tandem", "router"],
                                                             ["tandem", "operator"])}  # fmt: skip
@@ -61,7 +60,7 @@ def test_tandem_imports_only_the_subcommand_that_runs():
 
 def test_help_lists_every_subcommand():
     result = subprocess.run(
-        [sys.executable, "-P", "-m", "tandem.engine.cli", "--help"],
+        [sys.executable, "-P", "-m", "tandem.cli", "--help"],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     names = ("make-model", "generate", "prefill", "decode", "router", "serve", "operator")

@@ -13,7 +13,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPONENTS = ["engine", "kernels", "prefill_node", "decode_node", "router", "operator", "sim"]
+COMPONENTS = [
+    "cli",
+    "engine",
+    "kernels",
+    "node",
+    "prefill_node",
+    "decode_node",
+    "router",
+    "operator",
+    "sim",
+]
 
 
 @pytest.mark.parametrize("folder", COMPONENTS)
@@ -32,7 +42,7 @@ def test_engine_never_imports_a_component_above_it():
         "import sys, tandem.engine; "
         "print(sorted(m for m in sys.modules if m.split('.')[:2] in "
         "(['tandem','router'], ['tandem','prefill_node'], ['tandem','decode_node'], "
-        "['tandem','operator'], ['tandem','sim'])))"
+        "['tandem','operator'], ['tandem','sim'], ['tandem','node'], ['tandem','cli'])))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

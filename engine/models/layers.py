@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from tandem.engine.config import RopeScaling
+from tandem.engine.core.config import RopeScaling
 from tandem.kernels.ops import KernelOps
 
 

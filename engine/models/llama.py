@@ -15,8 +15,8 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from tandem.engine.attention import AttentionBatch
-from tandem.engine.config import ModelConfig
+from tandem.engine.attention.backend import AttentionBatch
+from tandem.engine.core.config import ModelConfig
 from tandem.engine.models.layers import RMSNorm, RotaryEmbedding
 from tandem.engine.models.parallel_layers import (
     ColumnParallelLinear,
@@ -26,7 +26,7 @@ from tandem.engine.models.parallel_layers import (
     VocabParallelEmbedding,
     vocab_logits,
 )
-from tandem.engine.parallel import TensorParallel
+from tandem.engine.models.tensor_parallel import TensorParallel
 from tandem.kernels.ops import TORCH_OPS, KernelOps
 
 

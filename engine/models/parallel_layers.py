@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tandem.engine.parallel import TensorParallel
+from tandem.engine.models.tensor_parallel import TensorParallel
 
 
 class WeightSource(Protocol):

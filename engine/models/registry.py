@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from tandem.engine.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from tandem.engine.core.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from tandem.engine.models.llama import LlamaForCausalLM
 
 _MODELS: dict[str, type[nn.Module]] = {arch: LlamaForCausalLM for arch in SUPPORTED_ARCHITECTURES}

@@ -24,8 +24,9 @@ import zmq
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.kv_transfer import (
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.wire import HELLO_LABEL, WELCOME_LABEL, Fingerprint, Hello, Welcome
+from tandem.engine.transfer.kv_transfer import (
     AbortAck,
     AbortPrefill,
     AgentInfo,
@@ -37,7 +38,6 @@ from tandem.engine.kv_transfer import (
     encode,
     new_agent_name,
 )
-from tandem.engine.wire import HELLO_LABEL, WELCOME_LABEL, Fingerprint, Hello, Welcome
 from tests.bounds import HANG_S
 from tests.disagg import fuzz_inputs as fz
 from tests.disagg.nodes import Node, metric_value, wait_until

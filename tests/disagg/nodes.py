@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 
-from tandem.engine.deployment_token import ENV as TOKEN_ENV
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.ports import free_port
+from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.ports import free_port
 from tests.bounds import HANG_S, PROCESS_S
 
 

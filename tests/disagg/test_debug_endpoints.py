@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.debug_routes import MAX_BLOCK_HASHES
-from tandem.engine.node_server import NodeServer
+from tandem.node.debug_routes import MAX_BLOCK_HASHES
+from tandem.node.server import NodeServer
 from tandem.router.serve import add_arguments, plan
 
 

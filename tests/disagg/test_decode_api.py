@@ -10,8 +10,8 @@ import httpx
 import zmq
 
 from tandem.engine import SamplingParams
-from tandem.engine.block_hash import hash_blocks
-from tandem.engine.kv_events import decode_batch
+from tandem.engine.api.kv_events import decode_batch
+from tandem.engine.core.block_hash import hash_blocks
 from tests.bounds import HANG_S
 from tests.disagg.nodes import assert_clean, connect, generate, wait_until
 from tests.greedy import assert_well_separated

@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
+from tandem.decode_node.node import DuplicateRequest
 from tandem.decode_node.server import add_decode_routes
-from tandem.decode_node.worker import DuplicateRequest
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.node_server import NodeServer
-from tandem.engine.wire import PROTOCOL_VERSION
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.wire import PROTOCOL_VERSION
+from tandem.node.server import NodeServer
 
 
 def unbuilt(loop):
@@ -89,7 +89,7 @@ def test_a_live_request_id_is_a_409_conflict(server):
         return fn()
 
     server.ready.set()
-    server.worker = SimpleNamespace(worker=SimpleNamespace(add=add))
+    server.role = SimpleNamespace(node=SimpleNamespace(add=add))
     server.call = call
     error = assert_error(client(server).post("/generate", json=body()), 409, "conflict_error")
     assert error["message"] == "request id 'r' is already in use"

@@ -24,10 +24,15 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
 
-from tandem.decode_node.worker import DecodeOptions, DecodeWorker, GenerateInput
-from tandem.engine.config import SchedulerConfig
-from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.kv_transfer import (
+from tandem.decode_node.node import DecodeNode, DecodeOptions, GenerateInput
+from tandem.engine.core.config import SchedulerConfig
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.core.scheduler import Scheduler, remote_hold_key
+from tandem.engine.telemetry.metrics import NodeMetrics
+from tandem.engine.telemetry.request_log import RequestIdFilter
+from tandem.engine.telemetry.step_log import StepLog
+from tandem.engine.transfer.kv_transfer import (
     AbortAck,
     AbortPrefill,
     AgentInfo,
@@ -37,12 +42,7 @@ from tandem.engine.kv_transfer import (
     PrefillRequest,
     encode,
 )
-from tandem.engine.metrics import NodeMetrics
-from tandem.engine.node_core import NodeCore
-from tandem.engine.request_log import RequestIdFilter
-from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import Scheduler, remote_hold_key
-from tandem.engine.step_log import StepLog
+from tandem.node.core import NodeCore
 from tests.engine.test_scheduler import VOCAB, fake_run
 from tests.engine.test_scheduler_machine import shared_prefix_prompt, tokens_alone
 
@@ -107,7 +107,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         core.execute = functools.partial(NodeCore.execute, core)  # the real one, on the fakes
         self.client = Client()
         options = DecodeOptions(prefill_timeout_s=NEVER_S, hold_timeout_s=NEVER_S)
-        self.worker = DecodeWorker(core, self.client, Tokenizer(), options)
+        self.worker = DecodeNode(core, self.client, Tokenizer(), options)
         self.expected: dict[str, list[int]] = {}
         self.records: dict[str, list[dict]] = {}
         # Attempts sent and not yet answered (hold key -> the PrefillRequest): their worker
@@ -346,7 +346,7 @@ def test_lines_about_a_hold_that_outlives_its_request_carry_the_request_id(caplo
     """The client leaves while the prefill worker is silent: the attempt's hold waits for
     it, then times out; that line names the client's request id too."""
     caplog.handler.addFilter(RequestIdFilter())
-    caplog.set_level(logging.INFO, logger="tandem.decode_node.worker")
+    caplog.set_level(logging.INFO, logger="tandem.decode_node.node")
     machine = DecodeWorkerMachine()
     machine.add(prefix=0, tail=0, max_tokens=3, remote=True)
     machine.step()  # sent to the prefill worker

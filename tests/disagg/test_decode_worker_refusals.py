@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.decode_node.worker import DuplicateRequest, GenerateInput
-from tandem.engine.kv_transfer import (
+from tandem.decode_node.node import DuplicateRequest, GenerateInput
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.transfer.kv_transfer import (
     AbortAck,
     AbortPrefill,
     PrefillDone,
@@ -18,7 +19,6 @@ from tandem.engine.kv_transfer import (
     PrefillRequest,
     encode,
 )
-from tandem.engine.sampling_params import SamplingParams
 from tests.disagg.test_decode_worker_machine import WORKERS, DecodeWorkerMachine
 from tests.engine.test_scheduler import VOCAB
 from tests.engine.test_scheduler_machine import tokens_alone

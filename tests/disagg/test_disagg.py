@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from tandem.engine import SamplingParams
-from tandem.engine.block_hash import hash_blocks
+from tandem.engine.core.block_hash import hash_blocks
 from tests.bounds import HANG_S
 from tests.design import DESIGN_METRICS
 from tests.disagg.nodes import assert_clean, connect, generate, metric_value

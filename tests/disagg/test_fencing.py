@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tandem.engine.block_hash import hash_blocks
-from tandem.engine.debug_routes import MAX_BLOCK_HASHES
+from tandem.engine.core.block_hash import hash_blocks
+from tandem.node.debug_routes import MAX_BLOCK_HASHES
 from tests.bounds import HANG_S
 from tests.disagg.nodes import (
     Node,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tandem.engine.deployment_token import ENV as TOKEN_ENV
-from tandem.engine.deployment_token import DeploymentToken
+from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.api.deployment_token import DeploymentToken
 from tests.bounds import HANG_S
 from tests.disagg.fuzz_ports import (
     FakePrefill,

@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.heartbeat import Heartbeat
-from tandem.engine.node_loop import NodeLoop
-from tandem.engine.node_server import NodeServer
-from tandem.engine.wire import PROTOCOL_VERSION, Fingerprint
+from tandem.engine.api.wire import PROTOCOL_VERSION, Fingerprint
+from tandem.node.heartbeat import Heartbeat
+from tandem.node.loop import NodeLoop
+from tandem.node.server import NodeServer
 from tests.bounds import HANG_S
 from tests.disagg.nodes import wait_until
 

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry
 
 from tandem.decode_node.server import add_decode_routes
-from tandem.engine.metrics_server import MetricsServer
-from tandem.engine.node_server import NodeServer
+from tandem.node.metrics_server import MetricsServer
+from tandem.node.server import NodeServer
 from tests.bounds import HANG_S
 from tests.disagg.nodes import Node
 

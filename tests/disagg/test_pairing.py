@@ -11,8 +11,9 @@ import pytest
 import torch
 import zmq
 
-from tandem.engine.deployment_token import ENV as TOKEN_ENV
-from tandem.engine.kv_transfer import (
+from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.transfer.kv_transfer import (
     AgentInfo,
     KVLayout,
     PrefillFailed,
@@ -20,7 +21,6 @@ from tandem.engine.kv_transfer import (
     decode_from_prefill,
     encode,
 )
-from tandem.engine.sampling_params import SamplingParams
 from tests.disagg.nodes import Node, generate, metric_value, running, wait_until
 
 torch.set_num_threads(1)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 
-from tandem.engine.kv_transfer import (
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.transfer.kv_transfer import (
     AbortAck,
     AbortPrefill,
     AgentInfo,
@@ -16,7 +17,6 @@ from tandem.engine.kv_transfer import (
     PrefillRequest,
     Transfer,
 )
-from tandem.engine.sampling_params import SamplingParams
 from tests.disagg.test_prefill_worker_machine import (
     NEVER_S,
     HeldWrites,

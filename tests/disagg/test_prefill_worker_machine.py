@@ -22,9 +22,13 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.config import SchedulerConfig
-from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.kv_transfer import (
+from tandem.engine.core.config import SchedulerConfig
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tandem.engine.telemetry.metrics import NodeMetrics
+from tandem.engine.telemetry.step_log import StepLog
+from tandem.engine.transfer.kv_transfer import (
     AbortAck,
     AbortPrefill,
     AgentInfo,
@@ -35,12 +39,8 @@ from tandem.engine.kv_transfer import (
     Transfer,
     decode_done,
 )
-from tandem.engine.metrics import NodeMetrics
-from tandem.engine.node_core import NodeCore
-from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
-from tandem.engine.step_log import StepLog
-from tandem.prefill_node.worker import PrefillWorker
+from tandem.node.core import NodeCore
+from tandem.prefill_node.node import PrefillNode
 from tests.engine.test_scheduler import VOCAB
 from tests.engine.test_scheduler_machine import PREFIX_LEN, shared_prefix_prompt
 
@@ -135,7 +135,7 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
         core.steps = StepLog()
         core.execute = functools.partial(NodeCore.execute, core)  # the real one, on the fakes
         self.replies: list[AbortAck | PrefillFailed] = []
-        self.worker = PrefillWorker(core, lambda peer, msg: self.replies.append(msg))
+        self.worker = PrefillNode(core, lambda peer, msg: self.replies.append(msg))
         self.prompts: dict[str, list[int]] = {}
         self.owner: dict[int, str] = {}  # id(write) -> job key
         self.count = 0

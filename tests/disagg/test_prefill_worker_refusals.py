@@ -15,9 +15,12 @@ import msgspec
 import pytest
 import zmq
 
-from tandem.engine.deployment_token import DeploymentToken
-from tandem.engine.kv_events import load_of
-from tandem.engine.kv_transfer import (
+from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.kv_events import load_of
+from tandem.engine.api.ports import free_port
+from tandem.engine.api.wire import HELLO_LABEL, PROTOCOL_VERSION, Fingerprint, Hello, Welcome
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.transfer.kv_transfer import (
     AgentInfo,
     PrefillFailed,
     PrefillRequest,
@@ -25,10 +28,7 @@ from tandem.engine.kv_transfer import (
     decode_to_prefill,
     encode,
 )
-from tandem.engine.node_loop import NodeLoop
-from tandem.engine.ports import free_port
-from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.wire import HELLO_LABEL, PROTOCOL_VERSION, Fingerprint, Hello, Welcome
+from tandem.node.loop import NodeLoop
 from tandem.prefill_node.server import PrefillLoop
 from tests.disagg.nodes import wait_until
 from tests.disagg.test_prefill_worker_keys import DEAD, PROMPT, Worker

@@ -10,8 +10,8 @@ import threading
 
 from prometheus_client import generate_latest
 
-from tandem.engine.kv_transfer import PrefillFailed, Transfer
-from tandem.engine.scheduler import ModelRunnerOutput, SchedulerOutput
+from tandem.engine.core.scheduler import ModelRunnerOutput, SchedulerOutput
+from tandem.engine.transfer.kv_transfer import PrefillFailed, Transfer
 from tests.bounds import HANG_S
 from tests.disagg.nodes import metric_value
 from tests.disagg.test_prefill_worker_machine import HeldWrites, PrefillWorkerMachine, PromptRunner

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 
-from tandem.engine.block_hash import hash_blocks
+from tandem.engine.core.block_hash import hash_blocks
 from tests.disagg.nodes import Node, assert_clean, generate, running
 
 

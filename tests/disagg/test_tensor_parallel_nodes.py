@@ -164,7 +164,7 @@ def test_an_abort_is_confirmed_only_once_every_ranks_write_has_ended(llama_dir, 
 
 def _refused(*command: str) -> str:
     result = subprocess.run(
-        [sys.executable, "-P", "-m", "tandem.engine.cli", *command],
+        [sys.executable, "-P", "-m", "tandem.cli", *command],
         capture_output=True,
         text=True,
         timeout=PROCESS_S,

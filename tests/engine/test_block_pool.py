@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tandem.engine.block_pool import BlockPool
+from tandem.engine.core.block_pool import BlockPool
 
 
 def ids(blocks):

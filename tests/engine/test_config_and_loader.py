@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tandem.engine.config import CacheConfig, ModelConfig, SchedulerConfig
-from tandem.engine.loader import checkpoint_files, load_weights
+from tandem.engine.core.config import CacheConfig, ModelConfig, SchedulerConfig
+from tandem.engine.exec.loader import checkpoint_files, load_weights
 from tandem.engine.models.llama import LlamaForCausalLM
 from tandem.engine.tiny_model import make_model
 

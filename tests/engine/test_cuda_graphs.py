@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from tandem.engine import LLM, SamplingParams
-from tandem.engine.attention import AttentionBatch
-from tandem.engine.cuda_graphs import MAX_GRAPH_BATCH, graph_batch_sizes
-from tandem.engine.request import Request
-from tandem.engine.scheduler import SchedulerOutput
+from tandem.engine.attention.backend import AttentionBatch
+from tandem.engine.core.request import Request
+from tandem.engine.core.scheduler import SchedulerOutput
+from tandem.engine.exec.cuda_graphs import MAX_GRAPH_BATCH, graph_batch_sizes
 
 # The static and the eager step differ by float32 rounding alone: the static one runs a batch
 # of 4 (one padding row) with attention planned for max_model_len, the eager one a batch of 3,

@@ -9,10 +9,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tandem.engine.block_hash import hash_block, hash_blocks
-from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.request import Request
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.core.block_hash import hash_block, hash_blocks
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.request import Request
+from tandem.engine.core.sampling_params import SamplingParams
 
 
 def make_request(rid: str, tokens: list[int], salt: str | None = None) -> Request:
@@ -33,7 +33,9 @@ def test_hashes_chain_and_are_stable_across_processes():
     assert len(hashes) == 2  # only full blocks
     assert hashes[1] == hash_block(hashes[0], tokens[16:32])
     assert hash_blocks(tokens, 16, ("rev-b",))[0] != hashes[0]
-    code = "from tandem.engine.block_hash import hash_blocks; print(hash_blocks(range(40), 16))"
+    code = (
+        "from tandem.engine.core.block_hash import hash_blocks; print(hash_blocks(range(40), 16))"
+    )
     other = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -9,11 +9,11 @@ import time
 import pytest
 import torch
 
-from tandem.engine.kv_heads import Piece, cuts_of, plan_pieces, repack, stage
-from tandem.engine.kv_staging import staging_cuts
-from tandem.engine.kv_transfer import KVTransferAgent, new_agent_name
-from tandem.engine.parallel import kv_head_range
-from tandem.engine.rank_kv import PeerPiece, RankKV
+from tandem.engine.models.tensor_parallel import kv_head_range
+from tandem.engine.transfer.kv_heads import Piece, cuts_of, plan_pieces, repack, stage
+from tandem.engine.transfer.kv_staging import staging_cuts
+from tandem.engine.transfer.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.engine.transfer.rank_kv import PeerPiece, RankKV
 from tests.bounds import HANG_S
 
 NUM_BLOCKS, LAYERS, BLOCK, HEAD_DIM = 6, 2, 4, 8
@@ -95,7 +95,7 @@ def test_writes_between_tp_sizes_give_each_decode_rank_its_heads(
     src = _rank_kvs(full, ranges(num_heads, src_size), fill=True, peer_size=dst_size)
     dst = _rank_kvs(full, ranges(num_heads, dst_size), fill=False)
     mirrors = [r.num_mirrors for r in src]
-    monkeypatch.setattr("tandem.engine.rank_kv.torch.zeros", _never_allocate)
+    monkeypatch.setattr("tandem.engine.transfer.rank_kv.torch.zeros", _never_allocate)
     src_ids, dst_ids = [0, 1, 2, 5], [3, 4, 5, 1]  # one run of 3 adjacent on both sides
     pieces = plan_pieces([r.heads for r in src], [r.heads for r in dst])
     for rank, rank_kv in enumerate(src):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from tandem.engine import llm_engine
-from tandem.engine.kv_staging import num_staging_mirrors, plan_block_bytes, staging_cuts
+from tandem.engine.exec.model_shard import kv_block_bytes
 from tandem.engine.llm_engine import EngineArgs, check_kv_cache_fits
-from tandem.engine.model_shard import kv_block_bytes
+from tandem.engine.transfer.kv_staging import num_staging_mirrors, plan_block_bytes, staging_cuts
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,10 @@ import time
 import pytest
 import torch
 
-from tandem.engine.host_memory import hugepage_zeros
-from tandem.engine.kv_transfer import (
+from tandem.engine.core.request import TokenLogprobs
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.exec.host_memory import hugepage_zeros
+from tandem.engine.transfer.kv_transfer import (
     AbortAck,
     AgentInfo,
     KVLayout,
@@ -28,8 +30,6 @@ from tandem.engine.kv_transfer import (
     run_descs,
     to_wire,
 )
-from tandem.engine.request import TokenLogprobs
-from tandem.engine.sampling_params import SamplingParams
 from tests.bounds import HANG_S
 
 SHAPE = (12, 2, 2, 4, 2, 8)  # [blocks, layers, K/V, block_size, kv_heads, head_dim]

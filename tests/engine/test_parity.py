@@ -14,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tandem.engine import LLM, SamplingParams
-from tandem.engine.attention import AttentionBatch
-from tandem.engine.request import Request
-from tandem.engine.scheduler import SchedulerOutput
+from tandem.engine.attention.backend import AttentionBatch
+from tandem.engine.core.request import Request
+from tandem.engine.core.scheduler import SchedulerOutput
 from tandem.engine.tiny_model import ARCHS, make_model
 from tests.greedy import assert_greedy_agrees, logit_rounding
 

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from tandem.engine.ports import free_port
+from tandem.engine.api.ports import free_port
 
 
 def test_a_free_port_is_held_from_plain_binds_and_open_to_servers():

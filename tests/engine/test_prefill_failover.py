@@ -1,19 +1,19 @@
 """The decode node's fail-over code on its own, on a real scheduler, with the clock passed in
 and aborts sent to a recording callback: the decisions, the deadlines, the holds and the
-abort resends that `DecodeWorker` and the simulator's `SimDecode` both rely on."""
+abort resends that `DecodeNode` and the simulator's `SimDecode` both rely on."""
 
 from __future__ import annotations
 
 import pytest
 
-from tandem.engine.prefill_failover import (
+from tandem.engine.core.request import Request, RequestStatus
+from tandem.engine.core.scheduler import RemoteHold
+from tandem.engine.transfer.prefill_failover import (
     ABORT_RESEND_S,
     DecodeOptions,
     HoldExpiry,
     PrefillFailover,
 )
-from tandem.engine.request import Request, RequestStatus
-from tandem.engine.scheduler import RemoteHold
 from tests.engine.test_scheduler import make_scheduler, request
 
 P1, P2, P3 = "tcp://p1", "tcp://p2", "tcp://p3"

@@ -4,8 +4,8 @@ prefill (vLLM counts the same way: queried prompt tokens and the tokens found ca
 
 from __future__ import annotations
 
-from tandem.engine.request import Request
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.core.request import Request
+from tandem.engine.core.sampling_params import SamplingParams
 from tests.engine.test_scheduler import fake_run, make_scheduler, run_to_end
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.engine.request import Request
-from tandem.engine.sampler import Sampler
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.core.request import Request
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.exec.sampler import Sampler
 
 V = 50
 
@@ -117,7 +117,7 @@ def test_penalties():
 def test_edits_of_a_batch_are_each_rows_own():
     """Bias, penalties and masks gathered for the whole batch change each row exactly as
     that request alone would, and nothing in the rows that ask for none."""
-    from tandem.engine.logit_edits import LogitEdits
+    from tandem.engine.exec.logit_edits import LogitEdits
 
     requests = [
         req(outputs=[4, 4, 9], frequency_penalty=0.5, presence_penalty=0.25),

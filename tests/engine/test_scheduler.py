@@ -7,11 +7,11 @@ import zlib
 
 import pytest
 
-from tandem.engine.config import SchedulerConfig
-from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.request import Request, RequestStatus
-from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tandem.engine.core.config import SchedulerConfig
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.request import Request, RequestStatus
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 
 VOCAB = 1000
 

@@ -19,9 +19,9 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from tandem.engine.request import Request, RequestStatus
-from tandem.engine.sampling_params import SamplingParams
-from tandem.engine.scheduler import remote_hold_key
+from tandem.engine.core.request import Request, RequestStatus
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.core.scheduler import remote_hold_key
 from tests.engine.test_scheduler import VOCAB, fake_run, make_scheduler
 
 TOKEN_BUDGET, MAX_SEQS = 12, 3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tandem.engine.request import RequestStatus
+from tandem.engine.core.request import RequestStatus
 from tests.engine.test_scheduler import fake_run, make_scheduler, request
 
 

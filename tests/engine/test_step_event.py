@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.engine.step_event import StepEvent
+from tandem.engine.core.step_event import StepEvent
 
 
 def test_on_the_cpu_there_is_nothing_to_wait_for():

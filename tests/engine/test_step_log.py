@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tandem.engine.step_log import StepLog, StepWork, attention_pairs
+from tandem.engine.telemetry.step_log import StepLog, StepWork, attention_pairs
 
 
 def run_step(log: StepLog, num_seqs: int, spin: int = 0, sleeps: int = 0) -> None:

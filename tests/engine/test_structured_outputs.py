@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tandem.engine import LLM, SamplingParams
-from tandem.engine.grammar import GrammarCompiler, InvalidGrammar
-from tandem.engine.grammar_mask import GrammarMask
-from tandem.engine.request import Request
-from tandem.engine.structured_outputs import StructuredOutputsParams as Spec
+from tandem.engine.core.request import Request
+from tandem.engine.exec.grammar_mask import GrammarMask
+from tandem.engine.structured.grammar import GrammarCompiler, InvalidGrammar
+from tandem.engine.structured.spec import StructuredOutputsParams as Spec
 
 # Every instance is short (bounded strings, numbers and arrays, no extra keys).
 SCHEMA = {

@@ -21,12 +21,13 @@ import numpy as np
 import pytest
 import torch
 
-from tandem.engine import LLM, SamplingParams, tp_worker
-from tandem.engine.config import ModelConfig, check_tensor_parallel_size
-from tandem.engine.request import Request
-from tandem.engine.scheduler import SchedulerOutput
+from tandem.engine import LLM, SamplingParams
+from tandem.engine.core.config import ModelConfig, check_tensor_parallel_size
+from tandem.engine.core.request import Request
+from tandem.engine.core.scheduler import SchedulerOutput
+from tandem.engine.parallel import rank_main
+from tandem.engine.parallel.rank_processes import RankStartupError
 from tandem.engine.tiny_model import ARCHS
-from tandem.engine.tp_group import RankStartupError
 from tests.bounds import HANG_S, PROCESS_S
 from tests.engine.test_parity import prompts
 from tests.greedy import NEAR_TIE, assert_greedy_agrees, logit_rounding, logprob_gap
@@ -138,11 +139,11 @@ def _rank_two_dies(config, rank, conn, lifeline, num_threads) -> None:
     """A rank main for the test below: rank 2 dies starting, the others run the real rank."""
     if rank == 2:
         os._exit(3)
-    tp_worker.run_worker(config, rank, conn, lifeline, num_threads)
+    rank_main.run_rank(config, rank, conn, lifeline, num_threads)
 
 
 def test_a_rank_dying_at_start_up_is_named_and_every_rank_stopped(llama_dir, monkeypatch):
-    monkeypatch.setattr(tp_worker, "run_worker", _rank_two_dies)
+    monkeypatch.setattr(rank_main, "run_rank", _rank_two_dies)
     with pytest.raises(RankStartupError, match=r"rank 2 \(pid \d+\) exited with code 3") as e:
         LLM(str(llama_dir), num_kv_blocks=8, kernels="torch", tensor_parallel_size=4)
     assert len(e.value.pids) == 3  # ranks 1, 2 and 3
@@ -185,7 +186,7 @@ def test_generate_command_runs_two_ranks(llama_dir, llm):
     greedy = SamplingParams(temperature=0, max_tokens=8, logprobs=2)
     ref = llm.generate("the cat", greedy, use_tqdm=False)
     assert all(lp.top[0][1] - lp.top[1][1] > NEAR_TIE for lp in ref[0].outputs[0].logprobs)
-    command = [sys.executable, "-P", "-m", "tandem.engine.cli", "generate", "--model",
+    command = [sys.executable, "-P", "-m", "tandem.cli", "generate", "--model",
                str(llama_dir), "--max-tokens", "8", "the cat"]  # fmt: skip
     outputs = [
         subprocess.run(

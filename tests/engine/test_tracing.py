@@ -1,4 +1,4 @@
-"""`tandem.engine.tracing` alone: off without an endpoint (no SDK loaded, no spans, no
+"""`tandem.engine.telemetry.tracing` alone: off without an endpoint (no SDK loaded, no spans, no
 carriers), and on with an exporter: a span's carrier makes the next span its child, as the
 router, decode and prefill processes do across HTTP and ZMQ."""
 
@@ -10,13 +10,13 @@ import sys
 
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tandem.engine import tracing
-from tandem.engine.tracing import Tracing
+from tandem.engine.telemetry import tracing
+from tandem.engine.telemetry.tracing import Tracing
 from tests.bounds import PROCESS_S
 
 OFF = """
 import sys
-from tandem.engine import tracing
+from tandem.engine.telemetry import tracing
 t = tracing.Tracing("x", None)
 assert not t.enabled and t.provider is None
 assert t.start("a", {"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}) is None

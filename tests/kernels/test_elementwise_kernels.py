@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.engine.config import RopeScaling
+from tandem.engine.core.config import RopeScaling
 from tandem.engine.models.layers import llama3_scale_inv_freq
 from tandem.kernels import kv_write
 from tandem.kernels.activation import silu_and_mul

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tandem.engine.attention import CommonAttentionMetadata
-from tandem.engine.torch_attention import TorchAttentionBackend
+from tandem.engine.attention.backend import CommonAttentionMetadata
+from tandem.engine.attention.torch_backend import TorchAttentionBackend
 from tandem.kernels.reference import (
     _joint_heads,
     attention_ref,

@@ -14,7 +14,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.metrics import NodeMetrics
+from tandem.engine.telemetry.metrics import NodeMetrics
 from tandem.operator.kinds import permissions
 from tandem.operator.metrics import OperatorMetrics
 from tandem.router.metrics import RouterMetrics

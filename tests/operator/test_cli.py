@@ -11,13 +11,13 @@ import types
 import pytest
 import yaml
 
-from tandem.engine import cli
-from tandem.engine.cli import apply_config
+from tandem import cli
+from tandem.cli import apply_config
 from tandem.operator.render import render
 from tests.bounds import PROCESS_S
 from tests.operator.crd_schema import EXAMPLES, example
 
-TANDEM = [sys.executable, "-P", "-m", "tandem.engine.cli"]
+TANDEM = [sys.executable, "-P", "-m", "tandem.cli"]
 
 
 def test_render_prints_the_children():

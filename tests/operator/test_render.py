@@ -15,8 +15,8 @@ import yaml
 from kubernetes_validate.utils import latest_version
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.cli import apply_config
-from tandem.engine.node_server import NodeServer
+from tandem.cli import apply_config
+from tandem.node.server import NodeServer
 from tandem.operator.manifest import dump
 from tandem.operator.names import REVISION_LABEL, ROLE_LABEL
 from tandem.operator.render import render

@@ -4,7 +4,7 @@ needs only `create` on Secrets (it can read none)."""
 
 from __future__ import annotations
 
-from tandem.engine.deployment_token import ENV
+from tandem.engine.api.deployment_token import ENV
 from tandem.operator.kinds import SECRET, permissions
 from tandem.operator.names import TOKEN_KEY, token_secret_name
 from tandem.operator.reconcile import Reconciler

@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tandem.engine.deployment_token import ENV as TOKEN_ENV
-from tandem.engine.deployment_token import DeploymentToken
+from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
+from tandem.engine.api.deployment_token import DeploymentToken
 from tests.bounds import HANG_S
 from tests.disagg.nodes import Proc
 
@@ -34,7 +34,7 @@ class ServeProc(Proc):
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-P", "-m", "tandem.engine.cli", "serve",
+            sys.executable, "-P", "-m", "tandem.cli", "serve",
             "--model", str(self.model), "--port", str(self.http_port), "--debug-endpoints",
             *self.extra,
         ]  # fmt: skip

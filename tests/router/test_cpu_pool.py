@@ -14,8 +14,8 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tandem.engine import request_log
-from tandem.engine.wire import PROTOCOL_VERSION
+from tandem.engine.api.wire import PROTOCOL_VERSION
+from tandem.engine.telemetry import request_log
 from tandem.router.app import Router, RouterOptions
 from tandem.router.cpu_pool import CpuPool
 from tandem.router.discovery import StaticDiscovery

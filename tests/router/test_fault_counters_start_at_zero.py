@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from tandem.engine.metrics import (
+from tandem.engine.telemetry.metrics import (
     DISAGG_DECISIONS,
     FALLBACK_REASONS,
     REFUSAL_REASONS,
@@ -55,9 +55,9 @@ def test_the_reasons_named_are_the_reasons_counted():
     """The label values above are the ones the workers pass (read from their source)."""
     from pathlib import Path
 
-    import tandem.decode_node.worker as decode
-    import tandem.engine.node_server as node_server
-    import tandem.prefill_node.worker as prefill
+    import tandem.decode_node.node as decode
+    import tandem.node.server as node_server
+    import tandem.prefill_node.node as prefill
     import tandem.router.dispatch as dispatch
 
     fallback = Path(decode.__file__).read_text()

@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from tandem.engine.ports import free_port
+from tandem.engine.api.ports import free_port
 from tandem.router.http_pool import ClientShards
 
 

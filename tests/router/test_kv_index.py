@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tandem.engine.kv_events import KVEventBatch, Load
+from tandem.engine.api.kv_events import KVEventBatch, Load
 from tandem.router.kv_index import PrefixIndex
 
 LOAD = Load(0, 0, 10, 10)

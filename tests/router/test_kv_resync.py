@@ -8,7 +8,7 @@ import asyncio
 import httpx
 import msgspec
 
-from tandem.engine.kv_events import KVEventBatch, Load
+from tandem.engine.api.kv_events import KVEventBatch, Load
 from tandem.router.discovery import StaticDiscovery
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.monitor import WorkerMonitor

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.metrics import NodeMetrics
+from tandem.engine.telemetry.metrics import NodeMetrics
 from tandem.operator.metrics import OperatorMetrics
 from tandem.router.metrics import RouterMetrics
 

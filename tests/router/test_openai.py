@@ -9,8 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tandem.engine.block_hash import hash_blocks
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.core.block_hash import hash_blocks
+from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.tokenizer import encode_chat
 from tests.bounds import HANG_S
 from tests.disagg.nodes import metric_value, wait_until

@@ -17,10 +17,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from tandem.engine.grammar import GrammarCompiler
-from tandem.engine.request import Request
-from tandem.engine.sampler import Sampler
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.core.request import Request
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.exec.sampler import Sampler
+from tandem.engine.structured.grammar import GrammarCompiler
 from tandem.router.preprocess import ModelLimits, Preprocessor
 from tandem.router.protocol import ChatMessage
 from tests.assets import llama_cpp_template, npm_tokenizer
@@ -116,7 +116,7 @@ def test_a_random_model_forced_to_call_writes_a_call_that_parses(tokenizers, cas
 
 def sample_under(compiler, sampler, grammar: str, seed: int, generator, vocab: int) -> list[int]:
     """Tokens drawn from random logits [1, V] by the engine's sampler under the grammar."""
-    from tandem.engine.structured_outputs import StructuredOutputsParams
+    from tandem.engine.structured.spec import StructuredOutputsParams
 
     request = Request(f"r{seed}", [1], SamplingParams(seed=seed, max_tokens=400))
     request.generator = torch.Generator().manual_seed(seed)

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tandem.engine.scheduler import prefill_job_key
+from tandem.engine.core.scheduler import prefill_job_key
 from tests.bounds import HANG_S
 from tests.disagg.nodes import Node, running, wait_until
 from tests.router.conftest import RouterProc

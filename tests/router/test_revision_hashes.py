@@ -5,11 +5,11 @@ of the old model as a prefix hit for the new one."""
 
 from __future__ import annotations
 
-from tandem.engine.block_hash import hash_blocks
-from tandem.engine.kv_cache_manager import KVCacheManager
-from tandem.engine.kv_events import KVEventBatch, Load
-from tandem.engine.request import Request
-from tandem.engine.sampling_params import SamplingParams
+from tandem.engine.api.kv_events import KVEventBatch, Load
+from tandem.engine.core.block_hash import hash_blocks
+from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.request import Request
+from tandem.engine.core.sampling_params import SamplingParams
 from tandem.router.dispatch import Dispatcher
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.preprocess import Prompt

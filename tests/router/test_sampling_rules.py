@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.sampling_params import (
+from tandem.engine.core.sampling_params import (
     API_LOGIT_BIAS,
     API_RANGES,
     InvalidSamplingParam,

@@ -352,7 +352,7 @@ def test_bad_input_is_a_400_naming_the_field_before_anything_is_scheduled(
 def test_structured_outputs_a_model_cannot_have_are_a_400_and_plain_requests_pass(tokenizer):
     """A tokenizer llguidance refuses does not stop the router: a request asking for a
     grammar gets a 400 saying why; one asking for none is untouched."""
-    from tandem.engine.grammar import GrammarCompiler
+    from tandem.engine.structured.grammar import GrammarCompiler
     from tandem.router.errors import InvalidRequest
     from tandem.router.protocol import ChatCompletionRequest
     from tandem.router.structured import StructuredOutputs

@@ -12,7 +12,7 @@ from tests.bounds import PROCESS_S
 
 def tandem(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-P", "-m", "tandem.engine.cli", *args],
+        [sys.executable, "-P", "-m", "tandem.cli", *args],
         capture_output=True,
         text=True,
         timeout=PROCESS_S,

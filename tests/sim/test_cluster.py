@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from tandem.engine.kv_transfer import LAST_WRITE_WAIT_SHARE
+from tandem.engine.transfer.kv_transfer import LAST_WRITE_WAIT_SHARE
 from tandem.sim.cluster import Cluster, ClusterConfig
 from tandem.sim.faults import Faults
 from tandem.sim.profiles import load_profile
@@ -220,7 +220,7 @@ def test_a_busy_prefill_worker_waits_a_bounded_time_for_a_finished_job_s_last_wr
 ):
     # Two prompts of one step each arrive together at the only prefill worker. After the
     # first one's step its write is in flight and the second one's step is due: the worker
-    # waits for the write (as PrefillWorker.step does) and notifies at once, but for at
+    # waits for the write (as PrefillNode.step does) and notifies at once, but for at
     # most LAST_WRITE_WAIT_SHARE of a step. Fast link: the second step starts when the
     # write lands, and the first token comes before that step ends (it used to come after
     # it). Slow link: the second step starts once the wait's bound has passed.
@@ -253,7 +253,7 @@ def test_the_router_s_phases_split_a_remote_prefill_as_the_real_router_does():
     # worker. The first one's remote_prefill is its step (received -> first token sampled).
     # The second one's request waits in the worker's socket while that step runs, which
     # `ChoiceClock.phases` counts in kv_transfer; its remote_prefill is the worker's wait
-    # for the first one's write (before its step, as PrefillWorker.step waits) and its step.
+    # for the first one's write (before its step, as PrefillNode.step waits) and its step.
     config = ClusterConfig(
         num_prefill=1, num_decode=1, num_kv_blocks=64, max_num_batched_tokens=256,
         max_model_len=1024,

@@ -1,5 +1,5 @@
 """Failures in a simulated deployment, handled by the decode node's real fail-over code
-(`PrefillFailover` with `DecodeOptions`, which `DecodeWorker` runs too) on the real
+(`PrefillFailover` with `DecodeOptions`, which `DecodeNode` runs too) on the real
 scheduler: a prefill worker that dies, one that restarts, prefill deadlines, client aborts.
 After each, every request has an outcome, every KV block is accounted for
 (`check_integrity()`), and no hold outlives the run."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.engine.prefill_failover import ABORT_RESEND_S
+from tandem.engine.transfer.prefill_failover import ABORT_RESEND_S
 from tandem.sim.cluster import Cluster, ClusterConfig, RequestRecord
 from tandem.sim.faults import Faults, Outage
 from tandem.sim.profiles import load_profile

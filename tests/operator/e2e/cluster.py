@@ -153,7 +153,7 @@ class OperatorProc(Proc):
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-P", "-m", "tandem.engine.cli", "operator",
+            sys.executable, "-P", "-m", "tandem.cli", "operator",
             "--namespace", self.setup.watched, "--lease-namespace", self.setup.operator_namespace,
             "--interval", "2", "--probe-port", str(self.http_port), "--log-level", "info",
             *self.extra,

@@ -243,7 +243,7 @@ def test_greedy_output_equals_tandem_serve_on_the_same_model(client, tmp_path):
     model = STATE / "models" / MODEL_FOLDER
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-P", "-m", "tandem.engine.cli", "serve", "--model", str(model),
+        [sys.executable, "-P", "-m", "tandem.cli", "serve", "--model", str(model),
          "--port", str(port)],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

@@ -1,0 +1,175 @@
+"""The CPU attention backend: plain torch, reading K/V through block tables.
+
+Decoding sequences (one query token) are sorted by context length and attend in batched
+groups, each padded only to its own longest context; prefill chunks attend one sequence at
+a time, so padding never multiplies a long chunk by the batch size. Both run torch's fused
+`scaled_dot_product_attention` on strided views of the gathered K/V; a decode treats its
+GQA group of query heads as G queries of one KV head, so no head is expanded or copied.
+`tandem.kernels.reference.attention_ref` is the plain-math oracle the tests hold this to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tandem.engine.attention.backend import AttentionBackend, CommonAttentionMetadata
+from tandem.kernels.reference import gather_kv_ref, write_kv_ref
+
+
+@dataclass(frozen=True)
+class DecodeGroup:
+    token_idx: torch.Tensor  # [Bg] int64: rows of the flat batch
+    block_tables: torch.Tensor  # [Bg, MBg] int
+    mask: torch.Tensor  # [Bg, 1, 1, MBg * bs] additive: 0 where key j < seq_len, else -inf
+
+
+@dataclass(frozen=True)
+class PrefillSlice:
+    start: int
+    end: int
+    block_table: torch.Tensor  # [1, num_blocks] int
+    # [Q, num_blocks * bs] additive (0 or -inf), causal and bottom-right aligned (and
+    # windowed); None when the chunk is the whole context and no window applies: K/V come
+    # straight from the step.
+    mask: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class TorchAttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] int64
+    decodes: tuple[DecodeGroup, ...]
+    prefills: tuple[PrefillSlice, ...]
+
+
+class TorchAttentionBackend(AttentionBackend):
+    def __init__(
+        self,
+        block_size: int,
+        decode_group_size: int = 16,
+        *,
+        sliding_window: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        """`sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p. `dtype`:
+        the queries' dtype, in which the masks are built once per step (SDPA would otherwise
+        turn a boolean mask into an additive one in every layer)."""
+        self.block_size = block_size
+        self.decode_group_size = decode_group_size
+        self.sliding_window = sliding_window
+        self.dtype = dtype
+        # Reused by every gather: fresh multi-MiB outputs each layer would cost page faults.
+        self._workspace = torch.empty(0)
+
+    def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
+        query_lens = np.diff(common.query_start_loc_cpu)
+        device = common.slot_mapping.device
+        decode = np.flatnonzero(query_lens == 1)
+        decode = decode[np.argsort(common.seq_lens_cpu[decode], kind="stable")]
+        size = self.decode_group_size
+        groups = [decode[i : i + size] for i in range(0, len(decode), size)]
+        return TorchAttentionMetadata(
+            slot_mapping=common.slot_mapping,
+            decodes=tuple(self._decode_group(common, g, device) for g in groups),
+            prefills=tuple(
+                self._prefill_slice(common, int(b), device) for b in np.flatnonzero(query_lens > 1)
+            ),
+        )
+
+    def _decode_group(
+        self, common: CommonAttentionMetadata, rows: np.ndarray, device: torch.device
+    ) -> DecodeGroup:
+        seq_lens = common.seq_lens_cpu[rows]
+        num_blocks = -(-int(seq_lens.max()) // self.block_size)
+        tables = np.ascontiguousarray(common.block_tables_cpu[rows, :num_blocks])
+        token_idx = common.query_start_loc_cpu[rows].astype(np.int64)
+        keys = np.arange(num_blocks * self.block_size)
+        mask = keys < seq_lens[:, None]
+        if self.sliding_window:
+            mask &= keys >= seq_lens[:, None] - self.sliding_window
+        return DecodeGroup(
+            token_idx=torch.from_numpy(token_idx).to(device),
+            block_tables=torch.from_numpy(tables).to(device),
+            mask=self._additive(mask[:, None, None], device),
+        )
+
+    def _prefill_slice(
+        self, common: CommonAttentionMetadata, b: int, device: torch.device
+    ) -> PrefillSlice:
+        start, end = int(common.query_start_loc_cpu[b]), int(common.query_start_loc_cpu[b + 1])
+        seq_len = int(common.seq_lens_cpu[b])
+        num_blocks = -(-seq_len // self.block_size)
+        table = common.block_tables_cpu[b : b + 1, :num_blocks]
+        mask = None
+        if seq_len > end - start or self.sliding_window:  # attend through the block table
+            positions = np.arange(seq_len - (end - start), seq_len)
+            keys = np.arange(num_blocks * self.block_size)
+            visible = keys <= positions[:, None]
+            if self.sliding_window:
+                visible &= keys > positions[:, None] - self.sliding_window
+            mask = self._additive(visible, device)
+        return PrefillSlice(
+            start=start,
+            end=end,
+            block_table=torch.from_numpy(np.ascontiguousarray(table)).to(device),
+            mask=mask,
+        )
+
+    def _additive(self, visible: np.ndarray, device: torch.device) -> torch.Tensor:
+        """0 where `visible`, -inf elsewhere. Every query sees at least one key (itself),
+        so no row is all -inf."""
+        mask = np.where(visible, np.float32(0), np.float32(-np.inf))
+        return torch.from_numpy(mask).to(device=device, dtype=self.dtype)
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, Hq, D]
+        key: torch.Tensor,  # [T, Hkv, D]
+        value: torch.Tensor,  # [T, Hkv, D]
+        kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+        metadata: TorchAttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        write_kv_ref(key, value, kv_layer, metadata.slot_mapping)
+        out = torch.empty_like(query)
+        num_kv_heads, head_dim = key.shape[1], key.shape[2]
+        group = query.shape[1] // num_kv_heads
+        for g in metadata.decodes:
+            k, v = self._gather(kv_layer, g.block_tables)  # [Bg, S, Hkv, D]
+            q = query[g.token_idx].view(-1, num_kv_heads, group, head_dim)  # [Bg, Hkv, G, D]
+            o = F.scaled_dot_product_attention(
+                q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=g.mask, scale=scale
+            )  # [Bg, Hkv, G, D]
+            out[g.token_idx] = o.reshape(-1, num_kv_heads * group, head_dim)
+        for p in metadata.prefills:
+            if p.mask is None:
+                k, v = key[None, p.start : p.end], value[None, p.start : p.end]
+            else:
+                k, v = self._gather(kv_layer, p.block_table)  # [1, S, Hkv, D]
+            q = query[p.start : p.end].transpose(0, 1)[None]  # [1, Hq, Q, D]
+            o = F.scaled_dot_product_attention(
+                q,
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                attn_mask=p.mask,
+                is_causal=p.mask is None,
+                scale=scale,
+                enable_gqa=group > 1,
+            )  # [1, Hq, Q, D]
+            out[p.start : p.end] = o[0].transpose(0, 1)
+        return out
+
+    def _gather(
+        self,
+        kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+        block_tables: torch.Tensor,  # [B, MB]
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # two [B, MB * bs, Hkv, D] views of the workspace
+        needed = 2 * block_tables.numel() * kv_layer[0, 0].numel()
+        ws = self._workspace
+        if ws.numel() < needed or ws.dtype != kv_layer.dtype or ws.device != kv_layer.device:
+            size = max(needed, 2 * ws.numel() if ws.dtype == kv_layer.dtype else 0)
+            self._workspace = ws = torch.empty(size, dtype=kv_layer.dtype, device=kv_layer.device)
+        return gather_kv_ref(kv_layer, block_tables, ws)

@@ -1,0 +1,149 @@
+"""The sampler: logits of the sequences due a token -> token ids and log-probabilities.
+
+Order of operations, as in vLLM: the grammar mask first (structured outputs: tokens the
+request's grammar forbids get -inf, `tandem.engine.exec.grammar_mask`); then raw
+log-probabilities (what `logprobs` reports) are taken; then logit bias, penalties and the
+`min_tokens` mask; greedy rows take the argmax; random rows are divided by their
+temperature, filtered by min-p, top-k and top-p, and drawn with their own
+`torch.Generator` (the exponential-race trick), so a request's draws never depend on the
+batch around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tandem.engine.core.request import Request, TokenLogprobs
+from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.exec.grammar_mask import GrammarMask
+from tandem.engine.exec.logit_edits import LogitEdits, host_tensor
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]
+
+
+class Sampler:
+    """Reads each request's params, output tokens and grammar, and advances its generator;
+    owns only the grammar mask's buffers (made on the first batch with a grammar)."""
+
+    def __init__(self) -> None:
+        self._grammar_mask: GrammarMask | None = None
+
+    def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
+        """`logits`: [S, V] float32, row i for `requests[i]`; rows with a grammar are
+        masked in place."""
+        assert logits.dim() == 2 and logits.shape[0] == len(requests), (logits.shape, len(requests))
+        if any(r.grammar is not None for r in requests):
+            self._mask(logits).apply(logits, requests)
+        want_logprobs = [r.sampling_params.logprobs for r in requests]
+        raw_logprobs = None
+        if any(n is not None for n in want_logprobs):
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+        logits = self._process(logits, requests)
+        token_ids = self._pick(logits, requests)
+        logprobs: list[TokenLogprobs | None] = [None] * len(requests)
+        if raw_logprobs is not None:
+            logprobs = _gather_logprobs(raw_logprobs, token_ids, want_logprobs)
+        return SamplerOutput(token_ids=token_ids.tolist(), logprobs=logprobs)
+
+    def _mask(self, logits: torch.Tensor) -> GrammarMask:
+        if self._grammar_mask is None:
+            self._grammar_mask = GrammarMask(logits.shape[1], logits.dtype, logits.device)
+        return self._grammar_mask
+
+    def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        if not any(_needs_processing(r) for r in requests):
+            return logits
+        logits = logits.clone()
+        LogitEdits.collect(requests, logits.shape[1]).apply(logits)
+        return logits
+
+    def _pick(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+        token_ids = logits.argmax(dim=-1)  # [S]
+        rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        if rows:
+            idx = host_tensor(rows, torch.long, logits.device)
+            token_ids[idx] = _sample(logits[idx], [requests[i] for i in rows])
+        return token_ids
+
+
+def _needs_processing(request: Request) -> bool:
+    p = request.sampling_params
+    return bool(
+        p.logit_bias
+        or p.needs_penalties
+        or (request.num_output_tokens < p.min_tokens and request.grammar is None)
+    )
+
+
+def _sample(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    """Draw one token per row of `logits` [R, V] under each request's temperature and
+    filters, with its generator."""
+    device = logits.device
+    params = [r.sampling_params for r in requests]
+    temperature = host_tensor([p.temperature for p in params], logits.dtype, device)
+    logits = logits / temperature[:, None]
+    if any(p.min_p > 0 for p in params):
+        min_p = host_tensor([p.min_p for p in params], logits.dtype, device)
+        probs = torch.softmax(logits, dim=-1)
+        cutoff = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        logits = logits.masked_fill(probs < cutoff, float("-inf"))
+    if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+        logits = _top_k_top_p(logits, params)
+    probs = torch.softmax(logits, dim=-1)
+    race = torch.empty_like(probs)
+    for i, request in enumerate(requests):
+        race[i].exponential_(generator=request.generator)
+    return (probs / race).argmax(dim=-1)
+
+
+def _top_k_top_p(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """Mask all but each row's top-k tokens and its top-p nucleus (always keeping one)."""
+    vocab = logits.shape[-1]
+    device = logits.device
+    top_k = host_tensor([p.top_k if p.top_k > 0 else vocab for p in params], torch.long, device)
+    top_p = host_tensor([p.top_p for p in params], logits.dtype, device)
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
+    kth = sorted_logits.gather(1, (vocab - top_k.clamp(max=vocab))[:, None])
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop = cum <= (1 - top_p)[:, None]
+    drop[:, -1] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
+
+
+def _gather_logprobs(
+    raw: torch.Tensor, token_ids: torch.Tensor, want: Sequence[int | None]
+) -> list[TokenLogprobs | None]:
+    """The sampled token's log-probability and rank (1 = most likely), plus the top N."""
+    chosen = raw.gather(1, token_ids[:, None])  # [S, 1]
+    ranks = (raw > chosen).sum(dim=-1) + 1
+    max_n = max(n for n in want if n is not None)
+    top_vals, top_idx = raw.topk(max_n, dim=-1) if max_n else (raw[:, :0], raw[:, :0].long())
+    chosen_l, ranks_l = chosen[:, 0].tolist(), ranks.tolist()
+    top_vals_l, top_idx_l = top_vals.tolist(), top_idx.tolist()
+    tokens = token_ids.tolist()
+    out: list[TokenLogprobs | None] = []
+    for i, n in enumerate(want):
+        if n is None:
+            out.append(None)
+            continue
+        top = tuple(zip(top_idx_l[i][:n], top_vals_l[i][:n]))
+        out.append(TokenLogprobs(tokens[i], chosen_l[i], ranks_l[i], top))
+    return out
+
+
+def skip_draw(request: Request, vocab_size: int, device: torch.device) -> None:
+    """Advance the request's generator past one sampled token, as if this sampler had drawn
+    it: a decode node continuing a sequence whose first token the prefill node sampled with
+    the same seed draws exactly what a single engine would have."""
+    if request.sampling_params.greedy or request.generator is None:
+        return
+    torch.empty(vocab_size, device=device).exponential_(generator=request.generator)
