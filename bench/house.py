@@ -22,7 +22,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("engine", "router", "operator", "prefill_node", "decode_node", "kernels", "sim")
+PACKAGES = (
+    "cli", "engine", "node", "router", "operator", "prefill_node", "decode_node", "kernels", "sim"
+)  # fmt: skip
 SKIPPED = frozenset({".venv", "__pycache__"})
 FMT_SKIP = "# fmt: skip"
 

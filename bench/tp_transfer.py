@@ -31,7 +31,7 @@ from bench.machine import describe_host
 from tandem.engine.models.tensor_parallel import kv_head_range
 from tandem.engine.transfer.kv_heads import cuts_of, head_range, num_descs, plan_pieces
 from tandem.engine.transfer.kv_staging import staging_cuts
-from tandem.engine.transfer.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.engine.transfer.nixl_agent import KVTransferAgent, new_agent_name
 from tandem.engine.transfer.rank_kv import PeerPiece, RankKV
 
 PAIRS = ((1, 1), (1, 2), (2, 1), (2, 2))

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # for machine
 from machine import describe_host  # bench/machine.py
 
 from tandem.engine.exec.host_memory import huge_page_bytes, hugepage_zeros
-from tandem.engine.transfer.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.engine.transfer.nixl_agent import KVTransferAgent, new_agent_name
 from tandem.sim.transfer_profile import TransferPoint, fit_transfer
 from tests.disagg.nodes import Node, start_all
 

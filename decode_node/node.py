@@ -1,4 +1,4 @@
-"""The decode worker: token-level requests in, records out, remote prefill in between.
+"""The decode node (`DecodeNode`): token-level requests in, records out, remote prefill between.
 
 A request that names a prefill worker is admitted by the scheduler with blocks for its
 whole prompt plus the first decode step (or waits in the queue until they fit); when its
@@ -23,8 +23,6 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -32,15 +30,21 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from tandem.decode_node.prefill_client import PrefillClient
+from tandem.decode_node.stream import GenerateInput, Sink, Stream, make_record
 from tandem.engine.core.request import Request, RequestStatus
-from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.core.scheduler import RemoteHold, remote_hold_key
+from tandem.engine.core.scheduler import (
+    ModelRunnerOutput,
+    RemoteHold,
+    SchedulerOutput,
+    remote_hold_key,
+)
 from tandem.engine.detokenizer import IncrementalDetokenizer
 from tandem.engine.exec.sampler import skip_draw
 from tandem.engine.llm_engine import validate_prompt
+from tandem.engine.step import StepHooks, run_step
 from tandem.engine.telemetry import request_log, tracing
 from tandem.engine.telemetry.tracing import Tracing
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.messages import (
     AbortAck,
     AbortPrefill,
     FromPrefill,
@@ -62,8 +66,6 @@ logger = logging.getLogger(__name__)
 # Re-exported: the CLI, the server and the tests name them here.
 __all__ = ["ABORT_RESEND_S", "DecodeNode", "DecodeOptions", "DuplicateRequest", "GenerateInput"]
 
-Sink = Callable[[dict[str, Any]], None]
-
 # How a quarantined hold's release is logged, by `tandem_kv_quarantine_releases_total` reason.
 _RELEASE_DETAIL = {
     "confirmed": "the prefill worker confirmed late",
@@ -75,38 +77,9 @@ class DuplicateRequest(ValueError):
     """A request id still live on this node (the HTTP API answers 409 Conflict)."""
 
 
-@dataclass
-class GenerateInput:
-    """What the router sends: token ids, sampling parameters, and the prefill worker."""
-
-    request_id: str
-    token_ids: list[int]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    prefill: str | None = None
-    prefill_alternates: list[str] = field(default_factory=list)
-    cache_salt: str | None = None
-    log_id: str | None = None  # the client's request id (x-request-id), for log lines
-    trace: dict[str, str] = field(default_factory=dict)  # W3C context of the router's span
-
-
-@dataclass
-class Stream:
-    request: Request
-    sink: Sink
-    detok: IncrementalDetokenizer
-    sampling: SamplingParams  # with the effective seed, as sent to prefill workers
-    arrival: float
-    admitted: float | None = None
-    last_token: float | None = None
-    sent: float = 0.0  # when the current remote attempt was sent
-    timings: dict[str, float] | None = None  # remote prefill breakdown, on the first record
-    log_id: str | None = None
-    span: Any = None  # the request's span, None when tracing is off
-    remote_span: Any = None  # the current remote prefill attempt's
-
-
-class DecodeNode:
-    """Owns the streams and the holds; runs on the engine thread."""
+class DecodeNode(StepHooks):
+    """Owns the streams and the holds; runs on the engine thread. Its hooks on the engine
+    step send the remote prefills and stream the tokens."""
 
     def __init__(
         self,
@@ -219,10 +192,16 @@ class DecodeNode:
         return bool(self.core.scheduler.remote) or bool(self.failover.unconfirmed)
 
     def step(self) -> None:
-        """Deadlines, then one scheduled step: remote prefills sent, the batch run."""
+        """Deadlines, then one engine step (`run_step`, with this node's hooks), then the
+        aborts it made due."""
         self._check_deadlines()
-        scheduler = self.core.scheduler
-        out = scheduler.schedule()
+        run_step(self.core.scheduler, self.core.execute, self)
+        self._send_aborts()
+        m = self.core.metrics
+        m.child(m.kv_quarantined).set(self.failover.num_quarantined_blocks)
+
+    def before_run(self, out: SchedulerOutput) -> None:
+        """The step's remote prefills go out; its requests count as admitted."""
         m = self.core.metrics
         if out.num_local_decisions:
             m.child(m.disagg_decisions, decision="local").inc(out.num_local_decisions)
@@ -231,16 +210,16 @@ class DecodeNode:
             if request.num_remote_attempts == 1:
                 m.child(m.disagg_decisions, decision="remote").inc()
             self._send_prefill(request)
-        if out.scheduled:
-            for request in out.scheduled:
-                self._mark_admitted(request)
-            result = self.core.execute(out)
-            scheduler.update_from_output(out, result)  # finished ones are seen below
-            for request, token in zip(out.scheduled, result.sampled_token_ids):
-                if token is not None:
-                    self._on_token(self.streams[request.request_id])
-        self._send_aborts()
-        m.child(m.kv_quarantined).set(self.failover.num_quarantined_blocks)
+        for request in out.scheduled:
+            self._mark_admitted(request)
+
+    def after_update(
+        self, out: SchedulerOutput, result: ModelRunnerOutput, finished: list[Request]
+    ) -> None:
+        """Each new token is recorded and streamed (finished requests too)."""
+        for request, token in zip(out.scheduled, result.sampled_token_ids):
+            if token is not None:
+                self._on_token(self.streams[request.request_id])
 
     def on_notification(self, sender: str, data: bytes) -> None:
         """A prefill worker's `PrefillDone`; anything else is counted and dropped."""
@@ -509,7 +488,7 @@ class DecodeNode:
         if request.is_finished:
             self._finish(stream, [token])
         else:
-            stream.sink(self._record(stream, [token]))
+            stream.sink(make_record(stream, [token]))
 
     def _finish(
         self,
@@ -531,7 +510,7 @@ class DecodeNode:
         del self.streams[request.request_id]
         self.failover.forget(request.request_id)
         stream.detok.flush()
-        record = self._record(stream, list(tokens), finished=True)
+        record = make_record(stream, list(tokens), finished=True)
         if error is not None:
             record["error"] = error
             record["error_source"] = error_source
@@ -550,34 +529,3 @@ class DecodeNode:
             "tandem.cached_tokens": request.num_cached_tokens},
         )  # fmt: skip
         stream.sink(record)
-
-    def _record(self, stream: Stream, tokens: list[int], finished: bool = False) -> dict:
-        request = stream.request
-        record: dict[str, Any] = {
-            "request_id": request.request_id,
-            "token_ids": tokens,
-            "text": stream.detok.take_delta(finished),
-            "logprobs": None,
-            "finish_reason": None,
-        }
-        if tokens and request.sampling_params.logprobs is not None and request.output_logprobs:
-            lp = request.output_logprobs[-1]
-            record["logprobs"] = [
-                {
-                    "token_id": lp.token_id,
-                    "logprob": lp.logprob,
-                    "rank": lp.rank,
-                    "top": [[t, v] for t, v in lp.top],
-                }
-            ]
-        if stream.timings is not None:
-            record["timings"], stream.timings = stream.timings, None
-        if finished:
-            record["finish_reason"] = request.status.finish_reason or "abort"
-            record["stop_reason"] = request.stop_reason
-            record["usage"] = {
-                "prompt_tokens": request.num_prompt_tokens,
-                "completion_tokens": request.num_output_tokens,
-                "cached_tokens": request.num_cached_tokens,
-            }
-        return record

@@ -43,7 +43,7 @@ from tandem.engine.api.wire import (
     Welcome,
 )
 from tandem.engine.telemetry.metrics import NodeMetrics
-from tandem.engine.transfer.kv_transfer import FromPrefill, decode_from_prefill, encode
+from tandem.engine.transfer.messages import FromPrefill, decode_from_prefill, encode
 
 logger = logging.getLogger(__name__)
 

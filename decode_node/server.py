@@ -33,12 +33,8 @@ from tandem.engine.api.wire import (
     error_param,
 )
 from tandem.engine.telemetry import request_log, tracing
-from tandem.node.core import (
-    NodeCore,
-    NodeIdentity,
-    configure_process,
-    engine_args_from,
-)
+from tandem.node.core import NodeCore, NodeIdentity
+from tandem.node.flags import configure_process, engine_args_from
 from tandem.node.heartbeat import Heartbeat
 from tandem.node.loop import NodeLoop
 from tandem.node.server import NodeServer

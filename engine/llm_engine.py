@@ -1,7 +1,9 @@
 """The engine: requests in, one scheduled step at a time, finished outputs out.
 
-`step()` is schedule, run, update, collect. Validation happens in `add_request` before any
-state changes, so a bad request never disturbs the others.
+`step()` is the engine step every node shares (`run_step`, engine/step.py: schedule, run,
+update), with stop strings and the collection of finished outputs as its hook. Validation
+happens in `add_request` before any state changes, so a bad request never disturbs the
+others.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.outputs import RequestOutput
 from tandem.engine.core.request import Request, RequestStatus
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.core.scheduler import Scheduler
+from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from tandem.engine.model_runner import ModelRunner, activation_bytes
 from tandem.engine.output_processor import OutputProcessor
+from tandem.engine.step import StepHooks, run_step
 from tandem.engine.structured.grammar import GrammarCompiler
 from tandem.engine.tokenizer import load_tokenizer
 from tandem.engine.transfer.kv_staging import plan_block_bytes
@@ -217,19 +220,9 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; return the requests that finished in it."""
-        scheduler_output = self.scheduler.schedule()
-        if scheduler_output.is_empty:
-            return []
-        result = self.runner.execute(scheduler_output)
-        finished = self.scheduler.update_from_output(scheduler_output, result)
-        sampled = [
-            r for r, t in zip(scheduler_output.scheduled, result.sampled_token_ids) if t is not None
-        ]
-        hits = self.outputs.check_stop_strings(sampled)
-        finished += self.scheduler.finish_requests(
-            [r.request_id for r in hits], RequestStatus.FINISHED_STOPPED
-        )
-        return self._collect(finished)
+        hooks = _StopAndCollect(self)
+        run_step(self.scheduler, self.runner.execute, hooks)
+        return hooks.outputs
 
     def _collect(self, finished: list[Request]) -> list[RequestOutput]:
         outputs = []
@@ -250,6 +243,26 @@ class LLMEngine:
     def check_integrity(self) -> BlockCounts:
         """Assert the KV-cache invariants (see `KVCacheManager.check_integrity`)."""
         return self.kv.check_integrity()
+
+
+class _StopAndCollect(StepHooks):
+    """The offline engine's part of a step: stop strings checked on the tokens just
+    sampled, and the finished requests' outputs collected."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.outputs: list[RequestOutput] = []
+
+    def after_update(
+        self, out: SchedulerOutput, result: ModelRunnerOutput, finished: list[Request]
+    ) -> None:
+        engine = self.engine
+        sampled = [r for r, t in zip(out.scheduled, result.sampled_token_ids) if t is not None]
+        hits = engine.outputs.check_stop_strings(sampled)
+        stopped = engine.scheduler.finish_requests(
+            [r.request_id for r in hits], RequestStatus.FINISHED_STOPPED
+        )
+        self.outputs = engine._collect([*finished, *stopped])
 
 
 def grammar_compiler(

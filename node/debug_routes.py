@@ -9,11 +9,13 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING
 
+import torch
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 if TYPE_CHECKING:
+    from tandem.node.core import NodeCore
     from tandem.node.server import NodeServer
 
 # Hashes one `/debug/blocks` call may ask for: a block of an 8B model (16 tokens, 32
@@ -48,7 +50,7 @@ def _add_views(server: NodeServer) -> None:
         if (busy := server.not_ready()) is not None:
             return busy
         role = server.role
-        return JSONResponse(await server.call(lambda: role.core.kv_report() | role.debug_report()))
+        return JSONResponse(await server.call(lambda: kv_report(role.core) | role.debug_report()))
 
     @app.get("/debug/steps")
     async def debug_steps(since: int = 0) -> Response:
@@ -66,5 +68,33 @@ def _add_views(server: NodeServer) -> None:
         MAX_BLOCK_HASHES of them (400 over it); missing ones are left out."""
         if (busy := server.not_ready()) is not None:
             return busy
-        found = await server.call(lambda: server.role.core.blocks_by_hash(query.hashes))
+        found = await server.call(lambda: blocks_by_hash(server.role.core, query.hashes))
         return JSONResponse({str(h): base64.b64encode(b).decode() for h, b in found.items()})
+
+
+def kv_report(core: NodeCore) -> dict[str, object]:
+    """Check every KV invariant (AssertionError if one fails) and return the census."""
+    counts = core.kv.check_integrity()
+    return {
+        "agent": core.agent.name,
+        "free": counts.free,
+        "cached": counts.cached,
+        "in_use": counts.in_use,
+        "total": counts.total,
+        "held": core.kv.num_held_blocks,
+        "holds": core.kv.hold_keys(),
+        "requests": core.scheduler.num_unfinished,
+        "rank_writes_in_flight": core.agent.census(),
+        "rank_pids": core.runner.workers.pids if core.runner.workers else [],
+    }
+
+
+def blocks_by_hash(core: NodeCore, hashes: list[int]) -> dict[int, bytes]:
+    """Raw bytes of the cached blocks with these hashes (missing ones left out)."""
+    found = {}
+    for block_hash in hashes:
+        block = core.kv.pool.get_cached_block(block_hash)
+        if block is not None:
+            data = core.runner.kv_cache[block.block_id].contiguous().cpu()
+            found[block_hash] = data.view(-1).view(torch.uint8).numpy().tobytes()
+    return found

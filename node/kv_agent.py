@@ -31,10 +31,9 @@ from tandem.engine.transfer.kv_heads import (
     plan_pieces,
 )
 from tandem.engine.transfer.kv_staging import rank_staging_cuts
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.messages import AgentInfo, KVLayout
+from tandem.engine.transfer.nixl_agent import (
     MAX_REMOTE_AGENTS,
-    AgentInfo,
-    KVLayout,
     KVTransferAgent,
     Transfer,
     new_agent_name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from tandem.node.core import add_engine_arguments
+from tandem.node.flags import add_engine_arguments
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
-"""The prefill worker: prompt-only continuous batches whose finished blocks are pushed,
-chunk by chunk, into the blocks the decode node reserved.
+"""The prefill node (`PrefillNode`): prompt-only continuous batches whose finished blocks are
+pushed, chunk by chunk, into the blocks the decode node reserved.
 
 Per request (a "job", keyed `request_id@attempt for <decode agent>`: the router retries a
 failed request on another decode node under the same id, and that node numbers its attempts
@@ -29,23 +29,24 @@ from typing import Any
 import msgspec
 import torch
 
+from tandem.engine.core.config import LAST_WRITE_WAIT_SHARE
 from tandem.engine.core.request import Request, RequestStatus
-from tandem.engine.core.scheduler import SchedulerOutput, prefill_job_key
+from tandem.engine.core.scheduler import ModelRunnerOutput, SchedulerOutput, prefill_job_key
 from tandem.engine.core.step_event import StepEvent
+from tandem.engine.step import StepHooks, run_step
 from tandem.engine.telemetry import request_log, tracing
 from tandem.engine.telemetry.tracing import Tracing
-from tandem.engine.transfer.kv_transfer import (
-    LAST_WRITE_WAIT_SHARE,
+from tandem.engine.transfer.messages import (
     AbortAck,
     AbortPrefill,
     KVLayout,
     PrefillDone,
     PrefillFailed,
     PrefillRequest,
-    Transfer,
     encode,
     to_wire,
 )
+from tandem.engine.transfer.nixl_agent import Transfer
 from tandem.node.core import NodeCore
 
 logger = logging.getLogger(__name__)
@@ -91,8 +92,9 @@ class PrefillJob:
         return self.request.request_id
 
 
-class PrefillNode:
-    """Owns the jobs; `reply` sends a control message to a decode node's ZMQ identity."""
+class PrefillNode(StepHooks):
+    """Owns the jobs; `reply` sends a control message to a decode node's ZMQ identity. Its
+    hooks on the engine step post the KV writes and ready each finished job's answer."""
 
     def __init__(self, core: NodeCore, reply: Reply, traces: Tracing | None = None) -> None:
         self.core = core
@@ -101,6 +103,7 @@ class PrefillNode:
         self.jobs: dict[str, PrefillJob] = {}
         self._xfers = 0
         self.last_step_s = 0.0  # wall time of the last step that ran a batch
+        self._unposted: dict[str, str] = {}  # this step's jobs that could not post: why
 
     # -- messages -------------------------------------------------------------------------
 
@@ -210,35 +213,42 @@ class PrefillNode:
     # -- the loop -------------------------------------------------------------------------
 
     def step(self) -> None:
-        """Expire late jobs, run one batch, post the writes it made possible. When a batch
-        is due, finished jobs' last writes get a bounded time to land first
+        """Expire late jobs, run one engine step (`run_step`, with this node's hooks). When
+        a batch is due, finished jobs' last writes get a bounded time to land first
         (`_finish_writes`)."""
         self._expire()
         if self.busy:
             self._finish_writes()
         start = time.monotonic()
-        scheduler = self.core.scheduler
-        out = scheduler.schedule()
-        if out.is_empty:
-            return
+        if run_step(self.core.scheduler, self.core.execute, self):
+            self.last_step_s = time.monotonic() - start
+
+    def before_run(self, out: SchedulerOutput) -> None:
+        """Queue time, counted when a job's request is first scheduled."""
         for request in out.scheduled:
             job = self.jobs[request.request_id]
             if not job.scheduled:
                 job.scheduled = True
                 m = self.core.metrics
                 m.child(m.queue_time).observe(time.monotonic() - job.received)
-        result = self.core.execute(out)
-        # Writes are posted before `update_from_output`, which frees a finished request's
-        # blocks; a job that cannot post ends after it, since the batch still holds its
-        # request until then.
-        failed = self._post_writes(out, result.kv_written)
-        for request in scheduler.update_from_output(out, result):
+
+    def before_update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
+        """Post the writes the step made possible: before the update, which frees a
+        finished request's blocks. A job that cannot post ends after it (`after_update`),
+        since the batch still holds its request until then."""
+        self._unposted = self._post_writes(out, result.kv_written)
+
+    def after_update(
+        self, out: SchedulerOutput, result: ModelRunnerOutput, finished: list[Request]
+    ) -> None:
+        """Finished jobs get their `PrefillDone`; those that could not post end."""
+        failed, self._unposted = self._unposted, {}
+        for request in finished:
             job = self.jobs[request.request_id]
             if job.ended is None and job.key not in failed:
                 job.done = self._done_message(job)
         for key, reason in failed.items():
             self._end(self.jobs[key], reason)
-        self.last_step_s = time.monotonic() - start
 
     def _post_writes(self, out: SchedulerOutput, kv_written: StepEvent) -> dict[str, str]:
         """Post the writes this step made possible, once its kernels wrote the KV;

@@ -14,18 +14,9 @@ from tandem.engine.api.deployment_token import DeploymentToken
 from tandem.engine.api.kv_events import KVEventPublisher
 from tandem.engine.api.wire import Hello
 from tandem.engine.telemetry.tracing import Tracing
-from tandem.engine.transfer.kv_transfer import (
-    AbortPrefill,
-    PrefillFailed,
-    decode_to_prefill,
-    encode,
-)
-from tandem.node.core import (
-    NodeCore,
-    NodeIdentity,
-    configure_process,
-    engine_args_from,
-)
+from tandem.engine.transfer.messages import AbortPrefill, PrefillFailed, decode_to_prefill, encode
+from tandem.node.core import NodeCore, NodeIdentity
+from tandem.node.flags import configure_process, engine_args_from
 from tandem.node.heartbeat import Heartbeat
 from tandem.node.loop import NodeLoop
 from tandem.node.server import NodeServer

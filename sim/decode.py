@@ -20,7 +20,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tandem.engine.core.request import Request, RequestStatus
-from tandem.engine.core.scheduler import RemoteHold, SchedulerOutput, remote_hold_key
+from tandem.engine.core.scheduler import (
+    ModelRunnerOutput,
+    RemoteHold,
+    SchedulerOutput,
+    remote_hold_key,
+)
 from tandem.engine.transfer.prefill_failover import DecodeOptions, PrefillFailover
 from tandem.sim.host_process import HostProcess
 from tandem.sim.node import SimNode
@@ -80,9 +85,9 @@ class SimDecode(SimNode):
         self._arm()
 
     def after_update(
-        self, out: SchedulerOutput, sampled: list[int | None], finished: list[Request]
+        self, out: SchedulerOutput, result: ModelRunnerOutput, finished: list[Request]
     ) -> None:
-        made = [r for r, token in zip(out.scheduled, sampled) if token is not None]
+        made = [r for r, token in zip(out.scheduled, result.sampled_token_ids) if token is not None]
         for request in made:
             self._on_token(request)
         self.cluster.relay(made)

@@ -7,7 +7,8 @@ The loop mirrors a node's engine thread (`decode_node/server.py`, `prefill_node/
 schedule, run the step, update from its output, publish KV events and load. Messages
 (`deliver`) are handled between steps, as the loop reads its sockets between steps: one that
 arrives during a step waits for its end (or for the end of a wait before a step, which a
-role may add: `wait_before_step`). Subclasses add what the role does around the step.
+role may add: `wait_before_step`). Subclasses add what the role does around the step in
+the engine step's hooks (`StepHooks`, engine/step.py), at the points the real nodes do.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tandem.engine.core.config import SchedulerConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.request import Request
 from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tandem.engine.step import StepHooks
 from tandem.engine.telemetry.step_log import context_lens
 from tandem.sim.step_model import StepShape, StepTimeModel
 
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 SAMPLED_TOKEN = 1
 
 
-class SimNode:
+class SimNode(StepHooks):
     """Owns its scheduler and KV-cache manager; publishes to the cluster's router."""
 
     def __init__(
@@ -126,10 +128,10 @@ class SimNode:
             SAMPLED_TOKEN if c >= r.num_tokens else None
             for r, c in zip(out.scheduled, context_lens(out))
         ]
-        self.before_update(out)
         result = ModelRunnerOutput(sampled, [None] * len(sampled))
+        self.before_update(out, result)
         finished = self.scheduler.update_from_output(out, result)
-        self.after_update(out, sampled, finished)
+        self.after_update(out, result, finished)
         self._read_inbox()
         self.publish()
         self._step()
@@ -179,16 +181,8 @@ class SimNode:
         during a step); a role that says so calls `resume` when the wait is over."""
         return False
 
-    def before_run(self, out: SchedulerOutput) -> None:
-        """After scheduling, before the step runs."""
-
-    def before_update(self, out: SchedulerOutput) -> None:
-        """The step's KV is written; its requests' counters are not advanced yet."""
-
-    def after_update(
-        self, out: SchedulerOutput, sampled: list[int | None], finished: list[Request]
-    ) -> None:
-        """Tokens appended, finished requests freed."""
+    # and the engine step's hooks (`StepHooks`: before_run, before_update, after_update),
+    # called at the same points of the step as on the real nodes
 
 
 def step_shape(out: SchedulerOutput) -> StepShape:

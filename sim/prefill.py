@@ -27,10 +27,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from tandem.engine.core.config import LAST_WRITE_WAIT_SHARE
 from tandem.engine.core.request import Request, RequestStatus
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.core.scheduler import SchedulerOutput, prefill_job_key
-from tandem.engine.transfer.kv_transfer import LAST_WRITE_WAIT_SHARE
+from tandem.engine.core.scheduler import ModelRunnerOutput, SchedulerOutput, prefill_job_key
 from tandem.sim.decode import RemotePrefill, SimDecode
 from tandem.sim.node import SAMPLED_TOKEN, SimNode
 from tandem.sim.transfer_model import TransferModel, num_runs
@@ -95,7 +95,7 @@ class SimPrefill(SimNode):
             if job.ended is None and job.token_id is None and now >= job.deadline_s:
                 self._end(job, "deadline")
 
-    def before_update(self, out: SchedulerOutput) -> None:
+    def before_update(self, out: SchedulerOutput, result: ModelRunnerOutput) -> None:
         for request, n in zip(out.scheduled, out.num_scheduled_tokens):
             job = self.jobs[request.request_id]
             if job.ended is not None:
@@ -177,7 +177,7 @@ class SimPrefill(SimNode):
         return [j for j in jobs if j.num_writes and j.token_id is not None and not j.waited]
 
     def after_update(
-        self, out: SchedulerOutput, sampled: list[int | None], finished: list[Request]
+        self, out: SchedulerOutput, result: ModelRunnerOutput, finished: list[Request]
     ) -> None:
         for request in finished:
             job = self.jobs[request.request_id]

@@ -1,15 +1,21 @@
 """The import rule (design §2), per package: a module imports only packages of lower layers
-and its own. Read from the source (every import, also inside functions; not those under
-`TYPE_CHECKING`), so a lazy import cannot hide an upward edge."""
+and its own. The edges are read from the source by bench/import_graph.py (every import, also
+inside functions; not those under `TYPE_CHECKING`), so a lazy import cannot hide an upward
+edge."""
 
 from __future__ import annotations
 
-import ast
+import functools
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# bench/import_graph.py reads the edges (and draws them); bench/ is scripts, not a package
+_spec = importlib.util.spec_from_file_location("import_graph", ROOT / "bench" / "import_graph.py")
+import_graph = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_graph)
 
 # Low to high. A package imports only packages of lower layers and itself: two packages in
 # one layer never import each other. `engine` alone is the engine's own top: the runner
@@ -29,60 +35,19 @@ LAYERS: list[set[str]] = [
     {"cli"},
 ]
 LAYER = {package: i for i, layer in enumerate(LAYERS) for package in layer}
-# The folders of the `tandem` namespace (tests and bench are not packages of the house).
-SOURCES = ["cli", "engine", "kernels", "node", "prefill_node", "decode_node", "router", "sim",
-           "operator"]  # fmt: skip
 
 
-def package_of(module: str) -> str:
-    """`tandem.engine.core.scheduler` -> `engine.core`; `tandem.router.app` -> `router`;
-    a module at the engine's top (`tandem.engine.llm`) -> `engine`."""
-    parts = module.split(".")[1:]
-    if parts[0] == "engine" and len(parts) > 1 and (ROOT / "engine" / parts[1]).is_dir():
-        return f"engine.{parts[1]}"
-    return parts[0]
-
-
-def module_of(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = [p for p in rel.parts if p != "__init__"]
-    return "tandem." + ".".join(parts)
-
-
-def _type_checking_only(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-
-
-def imports(path: Path) -> set[str]:
-    """Every `tandem.*` module `path` imports (the module itself for `from x import name`)."""
-    found: set[str] = set()
-    todo: list[ast.AST] = [ast.parse(path.read_text())]
-    while todo:
-        node = todo.pop()
-        if _type_checking_only(node):
-            todo.extend(node.orelse)
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("tandem."):
-            found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("tandem."))
-        todo.extend(ast.iter_child_nodes(node))
-    return found
-
-
+@functools.cache
 def edges() -> list[tuple[str, str, str]]:
-    """(file, its package, an imported package) for every import across packages."""
-    out = []
-    for folder in SOURCES:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            source = package_of(module_of(path))
-            for target in {package_of(m) for m in imports(path)} - {source}:
-                out.append((str(path.relative_to(ROOT)), source, target))
-    return out
+    return import_graph.edges(ROOT)
 
 
 def test_every_package_has_a_layer():
-    packages = {package_of(module_of(p)) for f in SOURCES for p in (ROOT / f).rglob("*.py")}
+    packages = {
+        import_graph.package_of(import_graph.module_of(p))
+        for folder in import_graph.SOURCES
+        for p in (ROOT / folder).rglob("*.py")
+    }
     assert packages == set(LAYER), sorted(packages ^ set(LAYER))
 
 
@@ -99,4 +64,4 @@ def test_a_package_imports_only_lower_layers(package):
 def test_the_rule_sees_an_upward_import(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from tandem.router.app import Router\n")
-    assert package_of(next(iter(imports(bad)))) == "router"
+    assert import_graph.package_of(next(iter(import_graph.imports(bad)))) == "router"

@@ -1,6 +1,6 @@
 """The wire schema between router, decode and prefill: typed msgspec structs for the HTTP
 bodies the router sends a decode node and for the first-contact handshake on the ZMQ control
-channel (the KV-transfer messages themselves are in `engine.transfer.kv_transfer`), and the protocol
+channel (the KV-transfer messages themselves are in `engine.transfer.messages`), and the protocol
 version they speak.
 
 The rules, for a rolling upgrade (docs/security.md, "Wire schema"):

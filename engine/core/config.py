@@ -219,6 +219,13 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return torch.device(device)
 
 
+# A prefill worker with a step due whose finished job still has a write in flight keeps
+# polling that write before the step, for at most this share of its last step: the job's
+# `PrefillDone` then goes out when the write lands instead of a whole step later (nothing
+# polls during a step), and a slow or stuck write delays the queue by a quarter of a step
+# at most. `PrefillNode` does it, and the simulator's prefill workers model it.
+LAST_WRITE_WAIT_SHARE = 0.25
+
 KERNEL_BACKENDS = ("torch", "triton")
 
 

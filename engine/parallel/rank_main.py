@@ -36,7 +36,7 @@ from tandem.engine.exec.model_shard import ModelShard
 from tandem.engine.exec.step_batch import StepBatch
 from tandem.engine.models.tensor_parallel import TensorParallel
 from tandem.engine.transfer.kv_staging import rank_staging_cuts
-from tandem.engine.transfer.kv_transfer import KVTransferAgent
+from tandem.engine.transfer.nixl_agent import KVTransferAgent
 from tandem.engine.transfer.rank_kv import RankKV
 
 logger = logging.getLogger(__name__)

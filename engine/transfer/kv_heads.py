@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import torch
 from msgspec.structs import replace
 
-from tandem.engine.transfer.kv_transfer import KVLayout, block_runs, run_descs
+from tandem.engine.transfer.descriptors import block_runs, run_descs
+from tandem.engine.transfer.messages import KVLayout
 
 HeadRange = tuple[int, int]  # (first KV head, number of heads)
 Desc = tuple[int, int, int]  # NIXL (address, bytes, device)

@@ -28,7 +28,8 @@ from tandem.engine.transfer.kv_heads import (
 )
 from tandem.engine.transfer.kv_heads import repack as repack_blocks
 from tandem.engine.transfer.kv_heads import stage as stage_blocks
-from tandem.engine.transfer.kv_transfer import AgentInfo, KVTransferAgent, Transfer
+from tandem.engine.transfer.messages import AgentInfo
+from tandem.engine.transfer.nixl_agent import KVTransferAgent, Transfer
 
 
 @dataclass(frozen=True)

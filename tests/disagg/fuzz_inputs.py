@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from hypothesis import strategies as st
 
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.messages import (
     AbortAck,
     AbortPrefill,
     AgentInfo,

@@ -26,18 +26,17 @@ from hypothesis import strategies as st
 
 from tandem.engine.api.deployment_token import DeploymentToken
 from tandem.engine.api.wire import HELLO_LABEL, WELCOME_LABEL, Fingerprint, Hello, Welcome
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.messages import (
     AbortAck,
     AbortPrefill,
     AgentInfo,
-    KVTransferAgent,
     PrefillFailed,
     PrefillRequest,
     decode_from_prefill,
     decode_to_prefill,
     encode,
-    new_agent_name,
 )
+from tandem.engine.transfer.nixl_agent import KVTransferAgent, new_agent_name
 from tests.bounds import HANG_S
 from tests.disagg import fuzz_inputs as fz
 from tests.disagg.nodes import Node, metric_value, wait_until

@@ -13,7 +13,7 @@ import zmq
 
 from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.messages import (
     AgentInfo,
     KVLayout,
     PrefillFailed,

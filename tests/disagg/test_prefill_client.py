@@ -23,7 +23,7 @@ from tandem.engine.api.deployment_token import DeploymentToken
 from tandem.engine.api.ports import free_port
 from tandem.engine.api.wire import Fingerprint, Hello, Welcome
 from tandem.engine.telemetry.metrics import NodeMetrics
-from tandem.engine.transfer.kv_transfer import AbortAck, AbortPrefill, decode_to_prefill, encode
+from tandem.engine.transfer.messages import AbortAck, AbortPrefill, decode_to_prefill, encode
 from tandem.prefill_node.pairings import Pairings
 from tests.disagg.nodes import wait_until
 

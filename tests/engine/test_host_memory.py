@@ -10,7 +10,7 @@ import torch
 from tandem.engine import LLM, SamplingParams
 from tandem.engine.core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from tandem.engine.exec.host_memory import free_huge_pages, huge_page_bytes, hugepage_zeros, meminfo
-from tandem.node.core import add_engine_arguments, engine_args_from
+from tandem.node.flags import add_engine_arguments, engine_args_from
 
 
 def test_meminfo_reads_sizes_in_bytes_and_counts_as_counts(tmp_path):

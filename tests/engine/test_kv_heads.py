@@ -12,7 +12,7 @@ import torch
 from tandem.engine.models.tensor_parallel import kv_head_range
 from tandem.engine.transfer.kv_heads import Piece, cuts_of, plan_pieces, repack, stage
 from tandem.engine.transfer.kv_staging import staging_cuts
-from tandem.engine.transfer.kv_transfer import KVTransferAgent, new_agent_name
+from tandem.engine.transfer.nixl_agent import KVTransferAgent, new_agent_name
 from tandem.engine.transfer.rank_kv import PeerPiece, RankKV
 from tests.bounds import HANG_S
 

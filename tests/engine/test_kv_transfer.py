@@ -12,24 +12,22 @@ import torch
 from tandem.engine.core.request import TokenLogprobs
 from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.exec.host_memory import hugepage_zeros
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.descriptors import block_runs, run_descs
+from tandem.engine.transfer.messages import (
     AbortAck,
     AgentInfo,
     KVLayout,
-    KVTransferAgent,
     PrefillDone,
     PrefillRequest,
     WireLogprobs,
-    block_runs,
     decode_done,
     decode_from_prefill,
     decode_to_prefill,
     encode,
     from_wire,
-    new_agent_name,
-    run_descs,
     to_wire,
 )
+from tandem.engine.transfer.nixl_agent import KVTransferAgent, new_agent_name
 from tests.bounds import HANG_S
 
 SHAPE = (12, 2, 2, 4, 2, 8)  # [blocks, layers, K/V, block_size, kv_heads, head_dim]

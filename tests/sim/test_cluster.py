@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from tandem.engine.transfer.kv_transfer import LAST_WRITE_WAIT_SHARE
+from tandem.engine.core.config import LAST_WRITE_WAIT_SHARE
 from tandem.sim.cluster import Cluster, ClusterConfig
 from tandem.sim.faults import Faults
 from tandem.sim.profiles import load_profile

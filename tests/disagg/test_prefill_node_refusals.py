@@ -20,7 +20,7 @@ from tandem.engine.api.kv_events import load_of
 from tandem.engine.api.ports import free_port
 from tandem.engine.api.wire import HELLO_LABEL, PROTOCOL_VERSION, Fingerprint, Hello, Welcome
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.messages import (
     AgentInfo,
     PrefillFailed,
     PrefillRequest,
@@ -31,11 +31,11 @@ from tandem.engine.transfer.kv_transfer import (
 from tandem.node.loop import NodeLoop
 from tandem.prefill_node.server import PrefillLoop
 from tests.disagg.nodes import wait_until
-from tests.disagg.test_prefill_worker_keys import DEAD, PROMPT, Worker
-from tests.disagg.test_prefill_worker_machine import NEVER_S, first_token
+from tests.disagg.test_prefill_node_keys import DEAD, PROMPT, Prefill
+from tests.disagg.test_prefill_node_machine import NEVER_S, first_token
 
 
-def request(w: Worker, request_id: str, sampling: dict) -> PrefillRequest:
+def request(w: Prefill, request_id: str, sampling: dict) -> PrefillRequest:
     name, _ = DEAD
     layout = w.agent.remote_layout(name)
     return PrefillRequest(
@@ -44,8 +44,8 @@ def request(w: Worker, request_id: str, sampling: dict) -> PrefillRequest:
     )  # fmt: skip
 
 
-def submit(w: Worker, request_id: str, sampling: dict) -> None:
-    w.worker.submit(DEAD[1], request(w, request_id, sampling))
+def submit(w: Prefill, request_id: str, sampling: dict) -> None:
+    w.node.submit(DEAD[1], request(w, request_id, sampling))
 
 
 def with_sampling(msg: PrefillRequest, **fields: object) -> bytes:
@@ -55,33 +55,33 @@ def with_sampling(msg: PrefillRequest, **fields: object) -> bytes:
     return msgspec.msgpack.encode(raw)
 
 
-def refused(w: Worker, reason: str) -> float:
-    m = w.worker.core.metrics
+def refused(w: Prefill, reason: str) -> float:
+    m = w.node.core.metrics
     return m.child(m.refused_inputs, reason=reason)._value.get()
 
 
-def assert_serves_next(w: Worker, free_before: int) -> None:
+def assert_serves_next(w: Prefill, free_before: int) -> None:
     """A good request after the bad one is prefilled, and every block comes back."""
     submit(w, "next", {})
     w.run()
     assert [d.request_id for d in w.agent.notified] == ["next"]
     assert w.agent.notified[0].token_id == first_token(PROMPT)
     w.assert_clean()
-    counts = w.worker.core.kv.check_integrity()
+    counts = w.node.core.kv.check_integrity()
     assert counts.free + counts.cached == free_before  # cached blocks are free to evict
 
 
 @pytest.mark.parametrize("field, value", [("temperature", "hot"), ("top_p", 7.0), ("n", 0)])
 def test_a_sampling_value_of_the_wrong_type_or_range_never_decodes(field, value):
-    w = Worker()
+    w = Prefill()
     data = with_sampling(request(w, "bad", {}), **{field: value})
     with pytest.raises(msgspec.ValidationError, match=r"\$\.sampling"):
         decode_to_prefill(data)
 
 
 def test_a_peer_the_transfer_agent_rejects_is_refused_and_counted():
-    w = Worker()
-    free = w.worker.core.kv.check_integrity().free
+    w = Prefill()
+    free = w.node.core.kv.check_integrity().free
 
     def reject(info, ranks=()):
         raise RuntimeError("NIXL_ERR_INVALID_PARAM: bad metadata")  # not a ValueError
@@ -96,13 +96,13 @@ def test_a_peer_the_transfer_agent_rejects_is_refused_and_counted():
 
 
 def test_an_unexpected_error_refuses_the_message_not_the_node():
-    w = Worker()
-    free = w.worker.core.kv.check_integrity().free
+    w = Prefill()
+    free = w.node.core.kv.check_integrity().free
 
     def broken(spec):
         raise RuntimeError("the grammar compiler broke")
 
-    w.worker.core.grammars = SimpleNamespace(matcher=broken)
+    w.node.core.grammars = SimpleNamespace(matcher=broken)
     submit(w, "bad", {"structured_outputs": {"json": {"type": "object"}}})
     ((_, failed),) = w.replies
     assert failed.reason == "error: the grammar compiler broke"
@@ -111,9 +111,9 @@ def test_an_unexpected_error_refuses_the_message_not_the_node():
 
 
 def test_an_unknown_sampling_field_is_ignored_by_rule():
-    w = Worker()
+    w = Prefill()
     msg = decode_to_prefill(with_sampling(request(w, "r", {"temperature": 0.0}), future_knob=3))
-    w.worker.submit(DEAD[1], msg)
+    w.node.submit(DEAD[1], msg)
     assert not w.replies
     w.run()
     assert [d.token_id for d in w.agent.notified] == [first_token(PROMPT)]
@@ -123,8 +123,8 @@ def test_an_unknown_sampling_field_is_ignored_by_rule():
 class Socket:
     """The real prefill loop on its ZMQ port, and a DEALER connected to it."""
 
-    def __init__(self, w: Worker) -> None:
-        core = w.worker.core
+    def __init__(self, w: Prefill) -> None:
+        core = w.node.core
         core.agent.name = "prefill-test"
         core.load = lambda: load_of(core.scheduler)
         core.fingerprint = Fingerprint(PROTOCOL_VERSION, "m", "", "float32", 16, "1x2x1x8")
@@ -163,7 +163,7 @@ class Socket:
 def test_the_node_counts_a_message_it_cannot_decode_and_serves_the_next():
     """The real loop on its ZMQ socket: garbage and a message of two frames, then a good
     request from the same peer."""
-    w = Worker()
+    w = Prefill()
     sock = Socket(w)
     try:
         sock.greet()
@@ -178,14 +178,14 @@ def test_the_node_counts_a_message_it_cannot_decode_and_serves_the_next():
 
 
 def test_a_connection_that_never_paired_gets_no_work_done():
-    w = Worker()
+    w = Prefill()
     sock = Socket(w)
     try:
         sock.dealer.send(encode(request(w, "stranger", {})))
         assert sock.serve_until(lambda: sock.dealer.poll(0))
         failed = decode_from_prefill(sock.dealer.recv())
         assert failed == PrefillFailed("stranger", 1, "unpaired")
-        assert refused(w, "unpaired") == 1 and not w.worker.jobs
+        assert refused(w, "unpaired") == 1 and not w.node.jobs
         sock.greet()  # the same connection, paired now, is served
         sock.dealer.send(encode(request(w, "next", {})))
         assert sock.serve_until(lambda: bool(sock.core.agent.notified))

@@ -32,7 +32,7 @@ from tandem.engine.core.scheduler import Scheduler, remote_hold_key
 from tandem.engine.telemetry.metrics import NodeMetrics
 from tandem.engine.telemetry.request_log import RequestIdFilter
 from tandem.engine.telemetry.step_log import StepLog
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.messages import (
     AbortAck,
     AbortPrefill,
     AgentInfo,
@@ -82,7 +82,7 @@ class Client:
         return f"agent-{endpoint}"
 
 
-class DecodeWorkerMachine(RuleBasedStateMachine):
+class DecodeNodeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         layout = KVLayout(0, 1024, NUM_BLOCKS, 0, "DRAM")
@@ -107,7 +107,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         core.execute = functools.partial(NodeCore.execute, core)  # the real one, on the fakes
         self.client = Client()
         options = DecodeOptions(prefill_timeout_s=NEVER_S, hold_timeout_s=NEVER_S)
-        self.worker = DecodeNode(core, self.client, Tokenizer(), options)
+        self.node = DecodeNode(core, self.client, Tokenizer(), options)
         self.expected: dict[str, list[int]] = {}
         self.records: dict[str, list[dict]] = {}
         # Attempts sent and not yet answered (hold key -> the PrefillRequest): their worker
@@ -137,20 +137,20 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
             prefill_alternates=list(WORKERS) if remote else [],
             log_id=f"client-{request_id}",
         )
-        self.worker.add(inp, self.records[request_id].append)
+        self.node.add(inp, self.records[request_id].append)
         self.expected[request_id] = tokens_alone(prompt, max_tokens)
 
-    @precondition(lambda self: self.worker.streams)
+    @precondition(lambda self: self.node.streams)
     @rule(data=st.data())
     def client_aborts(self, data: st.DataObject) -> None:
-        self.worker.abort(data.draw(st.sampled_from(sorted(self.worker.streams))))
+        self.node.abort(data.draw(st.sampled_from(sorted(self.node.streams))))
 
     # -- the engine loop --------------------------------------------------------------------
 
     @rule()
     def step(self) -> None:
         before = len(self.client.sent)
-        self.worker.step()
+        self.node.step()
         for endpoint, msg in self.client.sent[before:]:
             if isinstance(msg, PrefillRequest):
                 key = remote_hold_key(msg.request_id, msg.attempt)
@@ -168,7 +168,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         """The worker wrote every block, then notified (late, for an abandoned attempt)."""
         msg = self.may_write.pop(key)
         agent = self.client.agent_of(self.writers[key])
-        self.worker.on_notification(agent, encode(self._done(msg)))
+        self.node.on_notification(agent, encode(self._done(msg)))
 
     @precondition(lambda self: self.may_write)
     @rule(data=st.data())
@@ -177,14 +177,14 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(self.may_write)))
         msg = self.may_write.pop(key)
         failed = PrefillFailed(msg.request_id, msg.attempt, "error")
-        self.worker.on_reply(self.writers[key], failed)
+        self.node.on_reply(self.writers[key], failed)
 
     @precondition(lambda self: self._aborted_attempts())
     @rule(data=st.data())
     def prefill_confirms_abort(self, data: st.DataObject) -> None:
         key = data.draw(st.sampled_from(self._aborted_attempts()))
         msg = self.may_write.pop(key)
-        self.worker.on_reply(self.writers[key], AbortAck(msg.request_id, msg.attempt))
+        self.node.on_reply(self.writers[key], AbortAck(msg.request_id, msg.attempt))
 
     @precondition(lambda self: self.may_write)
     @rule(data=st.data())
@@ -194,37 +194,37 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(self.may_write)))
         msg = self.may_write[key]
         other = next(w for w in WORKERS if w != self.writers[key])
-        before = self.worker.failover.worker_of(msg.request_id, msg.attempt)
-        held = self.worker.core.kv.hold_keys()
-        self.worker.on_reply(other, PrefillFailed(msg.request_id, msg.attempt, "error"))
-        self.worker.on_reply(other, AbortAck(msg.request_id, msg.attempt))
-        self.worker.on_notification(self.client.agent_of(other), encode(self._done(msg)))
-        assert self.worker.failover.worker_of(msg.request_id, msg.attempt) == before
-        assert self.worker.core.kv.hold_keys() == held
+        before = self.node.failover.worker_of(msg.request_id, msg.attempt)
+        held = self.node.core.kv.hold_keys()
+        self.node.on_reply(other, PrefillFailed(msg.request_id, msg.attempt, "error"))
+        self.node.on_reply(other, AbortAck(msg.request_id, msg.attempt))
+        self.node.on_notification(self.client.agent_of(other), encode(self._done(msg)))
+        assert self.node.failover.worker_of(msg.request_id, msg.attempt) == before
+        assert self.node.core.kv.hold_keys() == held
 
     @rule(endpoint=st.sampled_from(WORKERS), up=st.booleans())
     def connectivity(self, endpoint: str, up: bool) -> None:
         (self.client.down.discard if up else self.client.down.add)(endpoint)
 
-    @precondition(lambda self: self.worker.core.scheduler.remote)
+    @precondition(lambda self: self.node.core.scheduler.remote)
     @rule(data=st.data())
     def prefill_deadline_passes(self, data: st.DataObject) -> None:
-        remote = self.worker.core.scheduler.remote
-        self.worker.failover.attempts[data.draw(st.sampled_from(sorted(remote)))].deadline = 0.0
+        remote = self.node.core.scheduler.remote
+        self.node.failover.attempts[data.draw(st.sampled_from(sorted(remote)))].deadline = 0.0
         self.step()
 
-    @precondition(lambda self: self.worker.failover.hold_deadlines)
+    @precondition(lambda self: self.node.failover.hold_deadlines)
     @rule(data=st.data())
     def hold_times_out(self, data: st.DataObject) -> None:
         """A write posted before may still land after the timeout (a stopped worker): the
         hold is quarantined, and the invariants hold with the worker still writing."""
-        key = data.draw(st.sampled_from(sorted(self.worker.failover.hold_deadlines)))
-        self.worker.failover.hold_deadlines[key] = 0.0
+        key = data.draw(st.sampled_from(sorted(self.node.failover.hold_deadlines)))
+        self.node.failover.hold_deadlines[key] = 0.0
 
     @rule(endpoint=st.sampled_from(WORKERS))
     def prefill_worker_dies(self, endpoint: str) -> None:
         """Its connection drops: nothing it posted lands any more."""
-        self.worker.on_disconnect(endpoint)
+        self.node.on_disconnect(endpoint)
         for key in [k for k, e in self.writers.items() if e == endpoint]:
             self.may_write.pop(key, None)
             del self.writers[key]
@@ -245,7 +245,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
 
     @invariant()
     def blocks_balance(self) -> None:
-        scheduler = self.worker.core.scheduler
+        scheduler = self.node.core.scheduler
         kv = scheduler.kv
         kv.check_integrity()
         owners = {r.request_id for r in scheduler.running} | scheduler.remote.keys()
@@ -254,7 +254,7 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
 
     @invariant()
     def nothing_lands_in_a_block_someone_else_owns(self) -> None:
-        scheduler = self.worker.core.scheduler
+        scheduler = self.node.core.scheduler
         for key, msg in self.may_write.items():
             request = scheduler.remote.get(msg.request_id)
             current = request is not None and request.num_remote_attempts == msg.attempt
@@ -271,31 +271,31 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
             assert tokens == self.expected[request_id][: len(tokens)], request_id
             finals = [r for r in records if r["finish_reason"] is not None]
             assert len(finals) <= 1 and (not finals or records[-1] is finals[0])
-            assert bool(finals) != (request_id in self.worker.streams)
+            assert bool(finals) != (request_id in self.node.streams)
 
     def teardown(self) -> None:
         self.client.down.clear()
         for _ in range(200):  # far more rounds than the queued work needs
             for key in sorted(self.may_write):
                 msg = self.may_write.pop(key)
-                request = self.worker.core.scheduler.remote.get(msg.request_id)
+                request = self.node.core.scheduler.remote.get(msg.request_id)
                 writer = self.writers[key]
                 if request is not None and request.num_remote_attempts == msg.attempt:
                     agent = self.client.agent_of(writer)
-                    self.worker.on_notification(agent, encode(self._done(msg)))
+                    self.node.on_notification(agent, encode(self._done(msg)))
                 else:
-                    self.worker.on_reply(writer, AbortAck(msg.request_id, msg.attempt))
-            if not self.worker.streams and not self.worker.core.kv.hold_keys():
+                    self.node.on_reply(writer, AbortAck(msg.request_id, msg.attempt))
+            if not self.node.streams and not self.node.core.kv.hold_keys():
                 break
-            deadlines = self.worker.failover.hold_deadlines
+            deadlines = self.node.failover.hold_deadlines
             deadlines.update(dict.fromkeys(deadlines, 0.0))  # time passes: a dead writer's
             self.step()  # holds end by their timeout
-        assert not self.worker.streams, "streams never finish"
-        kv = self.worker.core.kv
+        assert not self.node.streams, "streams never finish"
+        kv = self.node.core.kv
         assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
-        assert not self.worker.hold_log_ids, "log ids outlive their holds"
-        assert not self.worker.failover.attempts, "attempts outlive their requests"
-        assert not self.worker.failover.unconfirmed and not self.worker.failover.hold_deadlines
+        assert not self.node.hold_log_ids, "log ids outlive their holds"
+        assert not self.node.failover.attempts, "attempts outlive their requests"
+        assert not self.node.failover.unconfirmed and not self.node.failover.hold_deadlines
         for request_id, records in self.records.items():
             final = records[-1]
             tokens = [t for r in records for t in r["token_ids"]]
@@ -305,38 +305,38 @@ class DecodeWorkerMachine(RuleBasedStateMachine):
                 assert final["finish_reason"] in ("abort", "error"), final
 
 
-DecodeWorkerMachine.TestCase.settings = settings(
+DecodeNodeMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None
 )
-test_decode_worker_state_machine = DecodeWorkerMachine.TestCase
+test_decode_node_state_machine = DecodeNodeMachine.TestCase
 
 
 def test_a_late_answer_of_an_abandoned_attempt_completes_nothing():
     """Attempt 1 times out, attempt 2 goes to the alternate; attempt 1's worker then
     finishes after all. Its notification only releases its hold: the request waits for
     attempt 2, whose blocks are still being written."""
-    machine = DecodeWorkerMachine()
+    machine = DecodeNodeMachine()
     machine.add(prefix=0, tail=0, max_tokens=3, remote=True)
     machine.step()
-    machine.worker.failover.attempts["r0"].deadline = 0.0
+    machine.node.failover.attempts["r0"].deadline = 0.0
     machine.step()
     assert sorted(machine.may_write) == ["r0@1", "r0@2"]
     machine.deliver_done("r0@1")
     machine.nothing_lands_in_a_block_someone_else_owns()
-    request = machine.worker.core.scheduler.remote["r0"]
-    assert request.num_remote_attempts == 2 and not machine.worker.core.kv.hold_keys()
+    request = machine.node.core.scheduler.remote["r0"]
+    assert request.num_remote_attempts == 2 and not machine.node.core.kv.hold_keys()
     machine.teardown()
 
 
 def test_an_attempt_that_was_never_sent_holds_no_blocks():
     """Both workers unreachable: nothing was queued, so nothing can land, and the blocks
     go back at once rather than after the hold timeout (found by the machine above)."""
-    machine = DecodeWorkerMachine()
+    machine = DecodeNodeMachine()
     machine.client.down.update(WORKERS)
     machine.add(prefix=0, tail=9, max_tokens=2, remote=True)
     machine.step()
-    kv = machine.worker.core.kv
-    assert not kv.hold_keys() and not machine.worker.failover.hold_deadlines
+    kv = machine.node.core.kv
+    assert not kv.hold_keys() and not machine.node.failover.hold_deadlines
     machine.step()  # prefilled here
     machine.teardown()
     assert [r["finish_reason"] for r in machine.records["r0"]][-1] == "length"
@@ -347,14 +347,14 @@ def test_lines_about_a_hold_that_outlives_its_request_carry_the_request_id(caplo
     it, then times out; that line names the client's request id too."""
     caplog.handler.addFilter(RequestIdFilter())
     caplog.set_level(logging.INFO, logger="tandem.decode_node.node")
-    machine = DecodeWorkerMachine()
+    machine = DecodeNodeMachine()
     machine.add(prefix=0, tail=0, max_tokens=3, remote=True)
     machine.step()  # sent to the prefill worker
-    assert machine.worker.abort("r0")
+    assert machine.node.abort("r0")
     machine.step()  # the abort sent; the hold waits for its answer
-    machine.worker.failover.hold_deadlines["r0@1"] = 0.0
+    machine.node.failover.hold_deadlines["r0@1"] = 0.0
     machine.step()  # quarantined: the worker may still write
-    machine.worker.on_reply(WORKERS[0], AbortAck("r0", 1))
+    machine.node.on_reply(WORKERS[0], AbortAck("r0", 1))
     lines = [(r.request_id, r.getMessage()) for r in caplog.records]
     quarantined = "hold r0@1: no confirmation from the prefill worker; quarantining 3 blocks "
     assert (
@@ -364,5 +364,5 @@ def test_lines_about_a_hold_that_outlives_its_request_carry_the_request_id(caplo
     confirmed = "hold r0@1: the prefill worker confirmed late; releasing 3 quarantined blocks"
     assert ("client-r0", confirmed) in lines
     assert [m for rid, m in lines if "r0" in m and rid != "client-r0"] == []
-    assert not machine.worker.hold_log_ids
+    assert not machine.node.hold_log_ids
     machine.teardown()

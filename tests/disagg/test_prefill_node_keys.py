@@ -9,18 +9,18 @@ from __future__ import annotations
 import time
 
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.messages import (
     AbortAck,
     AbortPrefill,
     AgentInfo,
     PrefillFailed,
     PrefillRequest,
-    Transfer,
 )
-from tests.disagg.test_prefill_worker_machine import (
+from tandem.engine.transfer.nixl_agent import Transfer
+from tests.disagg.test_prefill_node_machine import (
     NEVER_S,
     HeldWrites,
-    PrefillWorkerMachine,
+    PrefillNodeMachine,
     first_token,
 )
 from tests.engine.test_scheduler_machine import shared_prefix_prompt
@@ -47,16 +47,16 @@ class NamedWrites(HeldWrites):
         self.notified_to.append((name, self.notified[-1].request_id))
 
 
-class Worker:
-    """A prefill worker on test-only writes, with the peer of every control reply."""
+class Prefill:
+    """A prefill node on test-only writes, with the peer of every control reply."""
 
     def __init__(self) -> None:
-        self.machine = PrefillWorkerMachine()
+        self.machine = PrefillNodeMachine()
         self.agent = NamedWrites()
-        self.machine.agent = self.machine.worker.core.agent = self.agent
-        self.worker = self.machine.worker
+        self.machine.agent = self.machine.node.core.agent = self.agent
+        self.node = self.machine.node
         self.replies: list[tuple[bytes, object]] = []
-        self.worker.reply = lambda peer, msg: self.replies.append((peer, msg))
+        self.node.reply = lambda peer, msg: self.replies.append((peer, msg))
 
     def submit(self, node: tuple[str, bytes], dst: list[int], request_id: str = "r") -> None:
         name, peer = node
@@ -72,29 +72,29 @@ class Worker:
             NEVER_S,
             time.time(),
         )
-        self.worker.submit(peer, msg)
+        self.node.submit(peer, msg)
 
     def run(self) -> None:
         """Steps and polls, every write landing, until no job is left."""
         for _ in range(20):  # far more than one prompt of one chunk needs
-            self.worker.step()
+            self.node.step()
             for transfer, _ in self.agent.in_flight():
                 transfer.state = "DONE"
-            self.worker.poll()
-            if not self.worker.jobs:
+            self.node.poll()
+            if not self.node.jobs:
                 return
-        raise AssertionError(f"jobs never settle: {self.worker.report()}")
+        raise AssertionError(f"jobs never settle: {self.node.report()}")
 
     def assert_clean(self) -> None:
-        kv = self.worker.core.kv
+        kv = self.node.core.kv
         assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
 
 
 def test_the_same_attempt_from_two_decode_nodes_is_prefilled_for_each():
-    w = Worker()
+    w = Prefill()
     w.submit(DEAD, [0, 1])
     w.submit(RETRY, [7, 8])
-    assert len(w.worker.jobs) == 2 and not w.replies
+    assert len(w.node.jobs) == 2 and not w.replies
     w.run()
     assert sorted(w.agent.targets) == [("decode-a", [0, 1]), ("decode-b", [7, 8])]
     assert sorted(w.agent.notified_to) == [("decode-a", "r"), ("decode-b", "r")]
@@ -103,7 +103,7 @@ def test_the_same_attempt_from_two_decode_nodes_is_prefilled_for_each():
 
 
 def test_a_repeat_from_the_same_decode_node_is_refused_and_the_first_goes_on():
-    w = Worker()
+    w = Prefill()
     w.submit(DEAD, [0, 1])
     w.submit(RETRY, [7, 8])
     w.submit(DEAD, [3, 4])
@@ -119,14 +119,14 @@ def test_a_repeat_from_the_same_decode_node_is_refused_and_the_first_goes_on():
 
 
 def test_an_abort_ends_only_the_aborting_node_s_job():
-    w = Worker()
+    w = Prefill()
     w.submit(DEAD, [0, 1])
     w.submit(RETRY, [7, 8])
-    w.worker.step()
-    w.worker.step()  # one prompt a step: both jobs' writes are in flight
+    w.node.step()
+    w.node.step()  # one prompt a step: both jobs' writes are in flight
     assert len(w.agent.in_flight()) == 2
-    w.worker.abort(DEAD[1], AbortPrefill("r", 1, DEAD[0]))
-    w.worker.poll()
+    w.node.abort(DEAD[1], AbortPrefill("r", 1, DEAD[0]))
+    w.node.poll()
     assert not w.replies  # the aborted job's write is still in flight: no answer yet
     w.run()
     assert w.replies == [(DEAD[1], AbortAck("r", 1))]
@@ -136,10 +136,10 @@ def test_an_abort_ends_only_the_aborting_node_s_job():
 
 def test_an_abort_is_answered_on_the_connection_it_came_from():
     """A decode node that reconnected has a new ZMQ identity; its agent name is the same."""
-    w = Worker()
+    w = Prefill()
     w.submit(DEAD, [0, 1])
-    w.worker.step()
-    w.worker.abort(b"peer-a-reconnected", AbortPrefill("r", 1, DEAD[0]))
+    w.node.step()
+    w.node.abort(b"peer-a-reconnected", AbortPrefill("r", 1, DEAD[0]))
     w.run()
     assert w.replies == [(b"peer-a-reconnected", AbortAck("r", 1))]
     assert not w.agent.notified

@@ -28,7 +28,7 @@ from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from tandem.engine.telemetry.metrics import NodeMetrics
 from tandem.engine.telemetry.step_log import StepLog
-from tandem.engine.transfer.kv_transfer import (
+from tandem.engine.transfer.messages import (
     AbortAck,
     AbortPrefill,
     AgentInfo,
@@ -36,9 +36,9 @@ from tandem.engine.transfer.kv_transfer import (
     PrefillDone,
     PrefillFailed,
     PrefillRequest,
-    Transfer,
     decode_done,
 )
+from tandem.engine.transfer.nixl_agent import Transfer
 from tandem.node.core import NodeCore
 from tandem.prefill_node.node import PrefillNode
 from tests.engine.test_scheduler import VOCAB
@@ -113,7 +113,7 @@ class HeldWrites:
         return [(t, src) for t, src in self.writes if t.state == "PROC"]
 
 
-class PrefillWorkerMachine(RuleBasedStateMachine):
+class PrefillNodeMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         kv = KVCacheManager(block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS)
@@ -135,7 +135,7 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
         core.steps = StepLog()
         core.execute = functools.partial(NodeCore.execute, core)  # the real one, on the fakes
         self.replies: list[AbortAck | PrefillFailed] = []
-        self.worker = PrefillNode(core, lambda peer, msg: self.replies.append(msg))
+        self.node = PrefillNode(core, lambda peer, msg: self.replies.append(msg))
         self.prompts: dict[str, list[int]] = {}
         self.owner: dict[int, str] = {}  # id(write) -> job key
         self.count = 0
@@ -166,7 +166,7 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
             deadline_s=NEVER_S,
             sent_at=time.time(),
         )
-        self.worker.submit(PEER, msg)
+        self.node.submit(PEER, msg)
         self.prompts[request_id] = prompt
         return request_id
 
@@ -182,24 +182,24 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
         self.agent.refuse_next = refuse
         self.runner.during = self._pass_every_deadline if slow else None
         for _ in range(rounds):
-            self.worker.step()
+            self.node.step()
             self._record_owners()
-            self.worker.poll()
+            self.node.poll()
         self.agent.refuse_next = False
         self.runner.during = None
 
     def _pass_every_deadline(self) -> None:
-        for job in self.worker.jobs.values():
+        for job in self.node.jobs.values():
             job.deadline = 0.0
 
     def _record_owners(self) -> None:
-        for job in self.worker.jobs.values():
+        for job in self.node.jobs.values():
             for transfer, _ in job.transfers:
                 self.owner[id(transfer)] = job.msg.request_id
 
     @rule()
     def poll(self) -> None:
-        self.worker.poll()
+        self.node.poll()
 
     @precondition(lambda self: self.agent.in_flight())
     @rule(data=st.data(), ok=st.booleans())
@@ -207,22 +207,22 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
         transfer, _ = data.draw(st.sampled_from(self.agent.in_flight()))
         transfer.state = "DONE" if ok else "ERR"
 
-    @precondition(lambda self: self.worker.jobs)
+    @precondition(lambda self: self.node.jobs)
     @rule(data=st.data())
     def deadline_passes(self, data: st.DataObject) -> None:
         """No write of the job may start from now on."""
-        self.worker.jobs[data.draw(st.sampled_from(sorted(self.worker.jobs)))].deadline = 0.0
+        self.node.jobs[data.draw(st.sampled_from(sorted(self.node.jobs)))].deadline = 0.0
 
     @precondition(lambda self: self.prompts)
     @rule(data=st.data())
     def abort(self, data: st.DataObject) -> None:
         """Also for jobs already answered: the worker must then ack at once."""
         request_id = data.draw(st.sampled_from(sorted(self.prompts)))
-        self.worker.abort(PEER, AbortPrefill(request_id, 1, "decode"))
+        self.node.abort(PEER, AbortPrefill(request_id, 1, "decode"))
 
     @invariant()
     def no_write_reads_a_free_block(self) -> None:
-        kv = self.worker.core.kv
+        kv = self.node.core.kv
         kv.check_integrity()
         for _, src in self.agent.in_flight():
             free = [b for b in src if kv.pool.blocks[b].ref_cnt == 0]
@@ -246,19 +246,19 @@ class PrefillWorkerMachine(RuleBasedStateMachine):
             for transfer, _ in self.agent.in_flight():
                 transfer.state = "DONE"
             self.step()
-            if not self.worker.jobs:
+            if not self.node.jobs:
                 break
-        assert not self.worker.jobs, "jobs never settle"
-        kv = self.worker.core.kv
+        assert not self.node.jobs, "jobs never settle"
+        kv = self.node.core.kv
         assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
         for request_id in self.prompts:
             assert self.answers(request_id), f"{request_id} never answered"
 
 
-PrefillWorkerMachine.TestCase.settings = settings(
+PrefillNodeMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None
 )
-test_prefill_worker_state_machine = PrefillWorkerMachine.TestCase
+test_prefill_node_state_machine = PrefillNodeMachine.TestCase
 
 
 def test_a_job_that_fails_in_the_step_that_completes_its_prompt_ends_cleanly():
@@ -266,15 +266,15 @@ def test_a_job_that_fails_in_the_step_that_completes_its_prompt_ends_cleanly():
     the job ends after the batch is done with its request (found by the machine above: the
     worker used to abort the request mid-step, and the step then failed on it)."""
     for failure in ("refused", "deadline"):
-        machine = PrefillWorkerMachine()
+        machine = PrefillNodeMachine()
         request_id = machine.submit_prompt(prefix=0, tail=0, skip=0)  # 2 blocks, one chunk
         if failure == "refused":
             machine.agent.refuse_next = True
         else:
             machine.runner.during = machine._pass_every_deadline
-        machine.worker.step()
-        machine.worker.poll()
+        machine.node.step()
+        machine.node.poll()
         expected = "transfer" if failure == "refused" else "deadline"
         assert machine.replies == [PrefillFailed(request_id, 1, expected)], failure
-        assert not machine.worker.jobs and not machine.agent.notified
-        assert machine.worker.core.kv.check_integrity().in_use == 0
+        assert not machine.node.jobs and not machine.agent.notified
+        assert machine.node.core.kv.check_integrity().in_use == 0

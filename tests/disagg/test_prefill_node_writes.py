@@ -11,10 +11,11 @@ import threading
 from prometheus_client import generate_latest
 
 from tandem.engine.core.scheduler import ModelRunnerOutput, SchedulerOutput
-from tandem.engine.transfer.kv_transfer import PrefillFailed, Transfer
+from tandem.engine.transfer.messages import PrefillFailed
+from tandem.engine.transfer.nixl_agent import Transfer
 from tests.bounds import HANG_S
 from tests.disagg.nodes import metric_value
-from tests.disagg.test_prefill_worker_machine import HeldWrites, PrefillWorkerMachine, PromptRunner
+from tests.disagg.test_prefill_node_machine import HeldWrites, PrefillNodeMachine, PromptRunner
 
 
 class LoggedEvent:
@@ -77,11 +78,11 @@ class UnreachableDecode(HeldWrites):
         raise RuntimeError("remote agent unreachable")
 
 
-def machine_with(agent: HeldWrites, runner: PromptRunner | None = None) -> PrefillWorkerMachine:
-    machine = PrefillWorkerMachine()
-    machine.agent = machine.worker.core.agent = agent
+def machine_with(agent: HeldWrites, runner: PromptRunner | None = None) -> PrefillNodeMachine:
+    machine = PrefillNodeMachine()
+    machine.agent = machine.node.core.agent = agent
     if runner is not None:
-        machine.runner = machine.worker.core.runner = runner
+        machine.runner = machine.node.core.runner = runner
     return machine
 
 
@@ -92,7 +93,7 @@ def test_every_write_waits_for_the_step_that_computed_its_blocks():
     # GPU nothing else would synchronize before their writes.
     machine.submit_prompt(prefix=0, tail=12, skip=0)
     for _ in range(3):
-        machine.worker.step()
+        machine.node.step()
     writes = [i for i, entry in enumerate(log) if entry.startswith("write")]
     assert len(writes) == 3, log
     for i in writes:
@@ -103,21 +104,21 @@ def test_every_write_waits_for_the_step_that_computed_its_blocks():
 def test_a_failed_first_token_notification_fails_the_job_and_is_counted():
     machine = machine_with(UnreachableDecode())
     request_id = machine.submit_prompt(prefix=0, tail=0, skip=0)  # 2 blocks, one chunk
-    machine.worker.step()
+    machine.node.step()
     for transfer, _ in machine.agent.in_flight():
         transfer.state = "DONE"
-    machine.worker.poll()
+    machine.node.poll()
     assert machine.replies == [PrefillFailed(request_id, 1, "notify")]
-    assert not machine.worker.jobs
-    kv = machine.worker.core.kv
+    assert not machine.node.jobs
+    kv = machine.node.core.kv
     assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
-    text = generate_latest(machine.worker.core.metrics.registry).decode()
+    text = generate_latest(machine.node.core.metrics.registry).decode()
     assert metric_value(text, "tandem_kv_transfer_failures_total", reason="notify") == 1
 
 
 def two_prompts_one_step_each(
     agent: LandingWrites, log: list[str]
-) -> tuple[PrefillWorkerMachine, str, str]:
+) -> tuple[PrefillNodeMachine, str, str]:
     """A worker on `agent` given two prompts of 8 tokens (the step's budget): the first runs
     in step 1, the second waits for step 2."""
     machine = machine_with(agent, EventRunner(log))
@@ -139,31 +140,31 @@ def test_a_busy_worker_notifies_a_finished_job_before_its_next_step():
     agent = LandingWrites(log, lands_at=2)  # still in flight when the step's poll first looks
     machine, first, second = two_prompts_one_step_each(agent, log)
     for _ in range(2):  # the node's loop: a step, then a poll of the writes
-        bounded(machine.worker.step)
-        machine.worker.poll()
+        bounded(machine.node.step)
+        machine.node.poll()
     assert log.index(f"notify {first}") < log.index("step 2"), log
     # the step log gives the wait apart: step 2 waited, step 1 had nothing to wait for
-    one, two = machine.worker.core.steps.since()
+    one, two = machine.node.core.steps.since()
     assert one["writes_wait_s"] == 0 < two["writes_wait_s"] <= one["tail_s"]
-    machine.worker.poll()  # idle now: the loop polls again within a millisecond
-    assert f"notify {second}" in log and not machine.worker.jobs
-    assert machine.worker.core.kv.check_integrity().in_use == 0
+    machine.node.poll()  # idle now: the loop polls again within a millisecond
+    assert f"notify {second}" in log and not machine.node.jobs
+    assert machine.node.core.kv.check_integrity().in_use == 0
 
 
 def test_a_busy_worker_does_not_wait_for_a_write_that_does_not_land():
     log: list[str] = []
     agent = LandingWrites(log, lands_at=None)
     machine, first, second = two_prompts_one_step_each(agent, log)
-    machine.worker.step()
-    machine.worker.poll()
-    bounded(machine.worker.step)  # gives up on the write after a while, and runs the batch
+    machine.node.step()
+    machine.node.poll()
+    bounded(machine.node.step)  # gives up on the write after a while, and runs the batch
     assert "step 2" in log and not agent.notified
     assert agent.writes[0][0].state == "PROC"
     for transfer, _ in agent.writes:
         transfer.state = "DONE"
-    machine.worker.poll()
+    machine.node.poll()
     assert [d.request_id for d in agent.notified] == [first, second]
-    assert not machine.worker.jobs and machine.worker.core.kv.check_integrity().in_use == 0
+    assert not machine.node.jobs and machine.node.core.kv.check_integrity().in_use == 0
 
 
 class FirstWriteStuck(LandingWrites):
@@ -180,19 +181,19 @@ def test_a_write_that_does_not_land_is_waited_for_once_not_before_every_step():
     log: list[str] = []
     agent = FirstWriteStuck(log, lands_at=2)
     machine, first, second = two_prompts_one_step_each(agent, log)
-    machine.worker.step()
-    machine.worker.poll()
-    bounded(machine.worker.step)  # step 2: waits for the first job's write, in vain
-    machine.worker.poll()
-    machine.worker.poll()  # the second job's write lands at its second poll
-    assert f"notify {second}" in log and len(machine.worker.jobs) == 1  # the first
+    machine.node.step()
+    machine.node.poll()
+    bounded(machine.node.step)  # step 2: waits for the first job's write, in vain
+    machine.node.poll()
+    machine.node.poll()  # the second job's write lands at its second poll
+    assert f"notify {second}" in log and len(machine.node.jobs) == 1  # the first
     third = machine.submit_prompt(prefix=2, tail=0, skip=0)
     stuck = agent.writes[0][0]
     polls = agent.polls[id(stuck)]
-    bounded(machine.worker.step)  # step 3: nothing it has not waited for already
+    bounded(machine.node.step)  # step 3: nothing it has not waited for already
     assert "step 3" in log and agent.polls[id(stuck)] == polls, log
     stuck.state = "DONE"
     for _ in range(3):
-        machine.worker.poll()
+        machine.node.poll()
     assert f"notify {first}" in log and f"notify {third}" in log
-    assert not machine.worker.jobs and machine.worker.core.kv.check_integrity().in_use == 0
+    assert not machine.node.jobs and machine.node.core.kv.check_integrity().in_use == 0
