@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_host
 
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.llm_engine import EngineArgs, LLMEngine
+from tandem.engine.engine_args import EngineArgs
+from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.tiny_model import make_model
 from tandem.sim.calibration import fit_profile
 from tandem.sim.node import step_shape

@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_host
 
 from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.engine_args import EngineArgs
 from tandem.engine.exec.grammar_mask import GrammarMask
-from tandem.engine.llm_engine import EngineArgs, LLMEngine
+from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.structured.grammar import Grammar
 from tandem.engine.structured.spec import StructuredOutputsParams
 from tandem.engine.tiny_model import make_model

@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tandem.engine.core.outputs import CompletionOutput, RequestOutput
     from tandem.engine.core.sampling_params import SamplingParams
+    from tandem.engine.engine_args import EngineArgs
     from tandem.engine.llm import LLM
-    from tandem.engine.llm_engine import EngineArgs, LLMEngine
+    from tandem.engine.llm_engine import LLMEngine
 
 # public name -> the submodule that defines it
 _EXPORTS = {
     "LLM": "tandem.engine.llm",
     "CompletionOutput": "tandem.engine.core.outputs",
-    "EngineArgs": "tandem.engine.llm_engine",
+    "EngineArgs": "tandem.engine.engine_args",
     "LLMEngine": "tandem.engine.llm_engine",
     "RequestOutput": "tandem.engine.core.outputs",
     "SamplingParams": "tandem.engine.core.sampling_params",

@@ -9,7 +9,8 @@ from tqdm.auto import tqdm
 
 from tandem.engine.core.outputs import RequestOutput
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.llm_engine import EngineArgs, LLMEngine
+from tandem.engine.engine_args import EngineArgs
+from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.tokenizer import Message, encode_chat
 
 Params = SamplingParams | Sequence[SamplingParams] | None

@@ -8,131 +8,27 @@ others.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from tandem.engine.core.block_pool import BlockCounts
 from tandem.engine.core.config import (
-    CacheConfig,
     EngineConfig,
-    ModelConfig,
-    SchedulerConfig,
-    resolve_device,
-    resolve_dtype,
-    resolve_kernels,
 )
 from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.outputs import RequestOutput
 from tandem.engine.core.request import Request, RequestStatus
 from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
-from tandem.engine.model_runner import ModelRunner, activation_bytes
+from tandem.engine.engine_args import EngineArgs
+from tandem.engine.model_runner import ModelRunner
 from tandem.engine.output_processor import OutputProcessor
 from tandem.engine.step import StepHooks, run_step
 from tandem.engine.structured.grammar import GrammarCompiler
 from tandem.engine.tokenizer import load_tokenizer
-from tandem.engine.transfer.kv_staging import plan_block_bytes
-
-# KV-cache budget on the CPU when `num_kv_blocks` is not given.
-_CPU_KV_CACHE_BYTES = 2 << 30
-
-
-@dataclass(frozen=True)
-class EngineArgs:
-    """User-facing knobs; `create_config` validates them into an `EngineConfig`."""
-
-    model: str
-    dtype: str = "auto"
-    device: str = "auto"
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    max_model_len: int | None = None
-    enable_prefix_caching: bool = True
-    gpu_memory_utilization: float = 0.9
-    seed: int = 0
-    kernels: str = "auto"
-    enforce_eager: bool = False
-    kv_hugepages: bool = False
-    tensor_parallel_size: int = 1
-    peer_tensor_parallel_sizes: tuple[int, ...] = ()  # of the nodes this one writes KV to
-
-    def create_config(self) -> EngineConfig:
-        model = ModelConfig.from_pretrained(self.model)
-        device = resolve_device(self.device)
-        max_model_len = self.max_model_len or model.max_position_embeddings
-        scheduler = SchedulerConfig(self.max_num_batched_tokens, self.max_num_seqs, max_model_len)
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(
-                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
-        kernels = resolve_kernels(self.kernels, device)
-        probe = EngineConfig(
-            self.model,
-            model,
-            CacheConfig(
-                self.block_size,
-                1,
-                self.enable_prefix_caching,
-                self.kv_hugepages,
-                tuple(self.peer_tensor_parallel_sizes),
-            ),
-            scheduler,
-            device,
-            resolve_dtype(self.dtype, model, device),
-            self.seed,
-            kernels,
-            kernels == "triton" and not self.enforce_eager,
-            self.tensor_parallel_size,
-        )
-        num_blocks = self.num_kv_blocks or self._default_num_blocks(probe)
-        check_kv_cache_fits(probe, num_blocks)
-        return dataclasses.replace(
-            probe, cache=dataclasses.replace(probe.cache, num_blocks=num_blocks)
-        )
-
-    def _default_num_blocks(self, probe: EngineConfig) -> int:
-        """On a GPU, what fits in `gpu_memory_utilization` of the free memory once the
-        weights and the activations of the largest step are counted; on the CPU, enough for
-        every sequence at full length, capped by a fixed budget. A block costs its slot in
-        every staging mirror too (`kv_staging`)."""
-        block_bytes = plan_block_bytes(probe)
-        if probe.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(probe.device)
-            weights = probe.model.num_parameters() * probe.dtype.itemsize
-            weights //= probe.tensor_parallel_size  # this rank's share, about
-            budget = int(free * self.gpu_memory_utilization) - weights - activation_bytes(probe)
-            if budget < block_bytes:
-                raise ValueError(f"no GPU memory left for the KV cache ({free} bytes free)")
-            return budget // block_bytes
-        per_seq = -(-probe.scheduler.max_model_len // self.block_size)
-        wanted = per_seq * probe.scheduler.max_num_seqs
-        return max(1, min(wanted, _CPU_KV_CACHE_BYTES // block_bytes))
-
-
-def device_memory_bytes(device: torch.device) -> int:
-    """All the memory of `device`: the GPU's, or the machine's for the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_kv_cache_fits(config: EngineConfig, num_blocks: int) -> None:
-    """Raise ValueError when `num_blocks` blocks exceed the device's whole memory, before
-    the block pool (one Python object per block) or the tensor is built."""
-    need, have = num_blocks * plan_block_bytes(config), device_memory_bytes(config.device)
-    if need > have:
-        raise ValueError(
-            f"num_kv_blocks={num_blocks}: a KV cache of {need / 2**30:.1f} GiB does not fit "
-            f"in the {have / 2**30:.1f} GiB of {config.device}"
-        )
 
 
 class LLMEngine:

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from tandem.engine.llm_engine import EngineArgs
+from tandem.engine.engine_args import EngineArgs
 from tandem.engine.telemetry.request_log import configure_logging
 from tandem.engine.telemetry.tracing import add_tracing_argument
 from tandem.node.heartbeat import STALL_AFTER_S

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tandem.engine.engine_args import EngineArgs
 from tandem.engine.exec.host_memory import free_huge_pages, huge_page_bytes
-from tandem.engine.llm_engine import EngineArgs
 from tandem.engine.model_runner import kv_block_bytes
 from tests.disagg.nodes import Node, assert_clean, running, wait_until
 from tests.disagg.test_disagg import assert_matches_offline, run_concurrently, workload

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.engine import llm_engine
+from tandem.engine import engine_args
+from tandem.engine.engine_args import EngineArgs, check_kv_cache_fits
 from tandem.engine.exec.model_shard import kv_block_bytes
-from tandem.engine.llm_engine import EngineArgs, check_kv_cache_fits
 from tandem.engine.transfer.kv_staging import num_staging_mirrors, plan_block_bytes, staging_cuts
 
 
@@ -35,7 +35,7 @@ def test_the_plan_leaves_room_for_the_mirrors(llama_dir, monkeypatch):
     args = {"model": str(llama_dir), "max_num_seqs": 256, "max_model_len": 2048}
     equal = EngineArgs(**args).create_config()
     budget = 64 * kv_block_bytes(equal)
-    monkeypatch.setattr(llm_engine, "_CPU_KV_CACHE_BYTES", budget)
+    monkeypatch.setattr(engine_args, "_CPU_KV_CACHE_BYTES", budget)
     equal = EngineArgs(**args).create_config()
     finer = EngineArgs(**args, peer_tensor_parallel_sizes=(2,)).create_config()
     assert num_staging_mirrors(equal) == 0 and num_staging_mirrors(finer) == 1
@@ -48,7 +48,7 @@ def test_an_explicit_block_count_must_fit_with_its_mirrors(llama_dir, monkeypatc
         model=str(llama_dir), num_kv_blocks=8, peer_tensor_parallel_sizes=(2,)
     ).create_config()
     memory = 8 * kv_block_bytes(config)  # the cache alone fits, not with its mirror
-    monkeypatch.setattr(llm_engine, "device_memory_bytes", lambda device: memory)
+    monkeypatch.setattr(engine_args, "device_memory_bytes", lambda device: memory)
     with pytest.raises(ValueError, match="does not fit"):
         check_kv_cache_fits(config, 8)
 
