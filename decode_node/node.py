@@ -13,8 +13,10 @@ will land in them; past `hold_timeout_s` they are quarantined (still held, count
 docs/disaggregation.md); the abort is sent again every `ABORT_RESEND_S`
 until then, so a worker that died and restarted (its successor never heard of the attempt,
 and confirms at once) gives the blocks back as soon as it is up. The policy and the holds'
-bookkeeping are `tandem.engine.transfer.prefill_failover.PrefillFailover`, which the simulator runs
-too; this worker drives it with the wall clock, ZMQ, metrics, log lines and spans.
+bookkeeping are `tandem.engine.transfer.prefill_failover.PrefillFailover`, which the
+simulator runs too; this node drives it with the wall clock, ZMQ, metrics and spans, and
+`Holds` (decode_node/holds.py) logs and counts what happens to each hold. A request's stream
+and record format are in decode_node/stream.py.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import msgspec
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from tandem.decode_node.holds import Holds
 from tandem.decode_node.prefill_client import PrefillClient
 from tandem.decode_node.stream import GenerateInput, Sink, Stream, make_record
 from tandem.engine.core.request import Request, RequestStatus
@@ -56,7 +59,6 @@ from tandem.engine.transfer.messages import (
 from tandem.engine.transfer.prefill_failover import (
     ABORT_RESEND_S,
     DecodeOptions,
-    HoldExpiry,
     PrefillFailover,
 )
 from tandem.node.core import NodeCore
@@ -65,12 +67,6 @@ logger = logging.getLogger(__name__)
 
 # Re-exported: the CLI, the server and the tests name them here.
 __all__ = ["ABORT_RESEND_S", "DecodeNode", "DecodeOptions", "DuplicateRequest", "GenerateInput"]
-
-# How a quarantined hold's release is logged, by `tandem_kv_quarantine_releases_total` reason.
-_RELEASE_DETAIL = {
-    "confirmed": "the prefill worker confirmed late",
-    "writer_lost": "the connection to its prefill worker was lost",
-}
 
 
 class DuplicateRequest(ValueError):
@@ -96,10 +92,9 @@ class DecodeNode(StepHooks):
         self.traces = traces or Tracing.off()
         self.streams: dict[str, Stream] = {}
         self.failover = PrefillFailover(core.scheduler, options, self._send_abort)
+        self.holds = Holds(self.failover, core)
         self._agent_info = core.agent.info()
         self._rank_agents = core.agent.rank_infos()
-        # hold key -> the request's log id, for lines about a hold that outlives its stream
-        self.hold_log_ids: dict[str, str] = {}
 
     # -- requests in ----------------------------------------------------------------------
 
@@ -196,7 +191,7 @@ class DecodeNode(StepHooks):
         aborts it made due."""
         self._check_deadlines()
         run_step(self.core.scheduler, self.core.execute, self)
-        self._send_aborts()
+        self.holds.send_aborts()
         m = self.core.metrics
         m.child(m.kv_quarantined).set(self.failover.num_quarantined_blocks)
 
@@ -236,7 +231,7 @@ class DecodeNode(StepHooks):
             return
         if self.failover.current(done.request_id, done.attempt) is None:
             # a late attempt: every write of it has landed
-            self._release_hold(remote_hold_key(done.request_id, done.attempt))
+            self.holds.release(remote_hold_key(done.request_id, done.attempt))
             return
         self._complete_remote(self.streams[done.request_id], done)
 
@@ -248,12 +243,12 @@ class DecodeNode(StepHooks):
             return
         key = remote_hold_key(msg.request_id, msg.attempt)
         if isinstance(msg, AbortAck):
-            self._release_hold(key)
+            self.holds.release(key)
             return
         if self.failover.current(msg.request_id, msg.attempt) is not None:
             stream = self.streams[msg.request_id]
             self._fall_back(stream, "error", f"{endpoint} failed it: {msg.reason}")
-        self._release_hold(key)  # a failure report means no write is in flight
+        self.holds.release(key)  # a failure report means no write is in flight
 
     def _refuse_foreign(self, source: str, msg: msgspec.Struct, worker: str) -> None:
         """Drop, log and count an answer about an attempt from anyone but the worker it
@@ -275,7 +270,7 @@ class DecodeNode(StepHooks):
         if self.failover.current(msg.request_id, msg.attempt) is not None:
             stream = self.streams[msg.request_id]
             self._fall_back(stream, "unreachable", f"{endpoint} did not connect")
-        self._release_hold(remote_hold_key(msg.request_id, msg.attempt))
+        self.holds.release(remote_hold_key(msg.request_id, msg.attempt))
 
     def on_disconnect(self, endpoint: str) -> None:
         """The connection to a prefill worker dropped: every attempt waiting on it fails
@@ -286,7 +281,7 @@ class DecodeNode(StepHooks):
             stream = self.streams[request.request_id]
             self._fall_back(stream, "disconnected", f"lost the connection to {endpoint}")
         for key in self.failover.quarantined_by(endpoint):  # logged and counted, then gone
-            self._release_hold(key, "writer_lost")
+            self.holds.release(key, "writer_lost")
         self.failover.writer_lost(endpoint)
 
     # -- remote prefill -------------------------------------------------------------------
@@ -318,14 +313,14 @@ class DecodeNode(StepHooks):
             "request %s: remote prefill attempt %d on %s", msg.request_id, msg.attempt, worker
         )
         if stream.log_id is not None:
-            self.hold_log_ids[remote_hold_key(msg.request_id, msg.attempt)] = stream.log_id
+            self.holds.log_ids[remote_hold_key(msg.request_id, msg.attempt)] = stream.log_id
         stream.sent = time.monotonic()
         self.failover.sent(request, stream.sent)
         if not self.client.send(worker, msg):
             self._fall_back(stream, "unreachable", f"{worker} is not connected")
             # Never queued (no connected peer): nothing of this attempt can land, so its
             # blocks need no hold until a confirmation that will never come.
-            self._release_hold(remote_hold_key(msg.request_id, msg.attempt))
+            self.holds.release(remote_hold_key(msg.request_id, msg.attempt))
 
     def _remote_span(self, stream: Stream, request: Request, worker: str) -> dict[str, str]:
         """Start the attempt's span (its context goes to the prefill node)."""
@@ -350,7 +345,7 @@ class DecodeNode(StepHooks):
                 return
         tracing.end(stream.remote_span, **{"tandem.kv_blocks": done.num_blocks})
         stream.remote_span = None
-        self.hold_log_ids.pop(remote_hold_key(done.request_id, done.attempt), None)
+        self.holds.log_ids.pop(remote_hold_key(done.request_id, done.attempt), None)
         m = self.core.metrics
         m.child(m.transfer_seconds).observe(done.transfer_s)
         m.child(m.transfer_bytes).inc(done.num_bytes)
@@ -379,7 +374,7 @@ class DecodeNode(StepHooks):
         m.child(m.refused_inputs, reason="first_token").inc()
         detail = f"first token {done.token_id} outside the vocabulary of {vocab}"
         self._fall_back(stream, "error", detail)
-        self._release_hold(remote_hold_key(done.request_id, done.attempt))
+        self.holds.release(remote_hold_key(done.request_id, done.attempt))
         return False
 
     def _fall_back(self, stream: Stream, reason: str, detail: str) -> None:
@@ -409,52 +404,12 @@ class DecodeNode(StepHooks):
             stream = self.streams[request.request_id]
             self._fall_back(stream, "timeout", f"no answer from {request.prefill_worker}")
         for expiry in self.failover.expire_holds(now):
-            self._on_hold_expired(expiry)
-
-    def _on_hold_expired(self, expiry: HoldExpiry) -> None:
-        """Log and count a hold timeout: quarantined while its writer may still write."""
-        key = expiry.key
-        with request_log.request_context(self.hold_log_ids.get(key)):
-            if not expiry.quarantined:
-                logger.warning(
-                    "hold %s: no confirmation from the prefill worker, whose connection "
-                    "was lost; releasing", key,
-                )  # fmt: skip
-                self.hold_log_ids.pop(key, None)
-                return
-            logger.warning(
-                "hold %s: no confirmation from the prefill worker; quarantining %d blocks "
-                "until %s confirms or its connection drops",
-                key, self.core.kv.num_blocks_held(key), expiry.worker,
-            )  # fmt: skip
-        m = self.core.metrics
-        m.child(m.quarantines).inc()
-
-    def _send_aborts(self) -> None:
-        """Tell prefill workers about abandoned attempts, and again every ABORT_RESEND_S
-        while unconfirmed; their blocks stay held until the answer (or the hold timeout)."""
-        for hold in self.failover.send_aborts(time.monotonic()):
-            with request_log.request_context(self.hold_log_ids.get(hold.key)):
-                logger.warning("hold %s: cannot reach %s to abort yet", hold.key, hold.worker)
+            self.holds.expired(expiry)
 
     def _send_abort(self, hold: RemoteHold) -> bool:
         return self.client.send(
             hold.worker, AbortPrefill(hold.request_id, hold.attempt, self._agent_info.name)
         )
-
-    def _release_hold(self, key: str, reason: str = "confirmed") -> None:
-        """Give the hold's blocks back (nothing more lands in them); a quarantined hold's
-        release is logged and counted by `reason` (confirmed, writer_lost)."""
-        if self.failover.is_quarantined(key):
-            with request_log.request_context(self.hold_log_ids.get(key)):
-                logger.warning(
-                    "hold %s: %s; releasing %d quarantined blocks",
-                    key, _RELEASE_DETAIL[reason], self.core.kv.num_blocks_held(key),
-                )  # fmt: skip
-            m = self.core.metrics
-            m.child(m.quarantine_releases, reason=reason).inc()
-        self.hold_log_ids.pop(key, None)
-        self.failover.release(key)
 
     # -- output ---------------------------------------------------------------------------
 

@@ -293,7 +293,7 @@ class DecodeNodeMachine(RuleBasedStateMachine):
         assert not self.node.streams, "streams never finish"
         kv = self.node.core.kv
         assert kv.check_integrity().in_use == 0 and not kv.hold_keys()
-        assert not self.node.hold_log_ids, "log ids outlive their holds"
+        assert not self.node.holds.log_ids, "log ids outlive their holds"
         assert not self.node.failover.attempts, "attempts outlive their requests"
         assert not self.node.failover.unconfirmed and not self.node.failover.hold_deadlines
         for request_id, records in self.records.items():
@@ -346,7 +346,7 @@ def test_lines_about_a_hold_that_outlives_its_request_carry_the_request_id(caplo
     """The client leaves while the prefill worker is silent: the attempt's hold waits for
     it, then times out; that line names the client's request id too."""
     caplog.handler.addFilter(RequestIdFilter())
-    caplog.set_level(logging.INFO, logger="tandem.decode_node.node")
+    caplog.set_level(logging.INFO, logger="tandem.decode_node")
     machine = DecodeNodeMachine()
     machine.add(prefix=0, tail=0, max_tokens=3, remote=True)
     machine.step()  # sent to the prefill worker
@@ -364,5 +364,5 @@ def test_lines_about_a_hold_that_outlives_its_request_carry_the_request_id(caplo
     confirmed = "hold r0@1: the prefill worker confirmed late; releasing 3 quarantined blocks"
     assert ("client-r0", confirmed) in lines
     assert [m for rid, m in lines if "r0" in m and rid != "client-r0"] == []
-    assert not machine.node.hold_log_ids
+    assert not machine.node.holds.log_ids
     machine.teardown()
