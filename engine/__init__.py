@@ -1,7 +1,11 @@
-"""Tandem's engine core: paged KV cache, scheduler, model runner, sampler, offline API.
+"""Tandem's engine: what prefill and decode share, in subpackages by concern, low to high:
+`structured`, `core` (scheduling), `api`, `telemetry`, `attention`, `models`, `exec` (one
+rank's execution), `transfer` (KV over NIXL), `parallel` (tensor-parallel ranks); at the top
+the model runner, the engine step every node shares (`step`) and the offline API (`LLM`).
+docs/architecture.md, "Packages and layers", has the table; tests/test_layers.py the rule.
 
 The public names load on first use (PEP 562): importing a light submodule such as
-`tandem.cli` or `tandem.engine.api.kube_config` must not load torch and transformers.
+`tandem.engine.api.kube_config` must not load torch and transformers.
 """
 
 from __future__ import annotations
