@@ -15,9 +15,16 @@ from tandem.node.heartbeat import STALL_AFTER_S
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags every node takes: the model, the engine's limits, and where it listens."""
+    """Flags every node takes: the model, where it listens, the engine's limits, and how the
+    process runs."""
     parser.add_argument("--model", required=True, help="model folder (config.json, weights)")
     parser.add_argument("--served-model-name", default=None, help="model label (default: folder)")
+    _add_listen_arguments(parser)
+    _add_limit_arguments(parser)
+    _add_process_arguments(parser)
+
+
+def _add_listen_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind")
     parser.add_argument(
         "--http-port", type=int, required=True,
@@ -29,6 +36,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "port, logged and reported by /health as metrics_port)",
     )  # fmt: skip
     parser.add_argument("--zmq-port", type=int, required=True)
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--block-size", type=int, default=16)
@@ -65,6 +75,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--tensor-parallel-size", type=int, default=1,
         help="ranks (processes; one GPU each on a GPU) splitting the model",
     )  # fmt: skip
+
+
+def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument(
         "--engine-stall-timeout",
