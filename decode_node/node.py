@@ -144,6 +144,7 @@ class DecodeNode:
         request = Request(
             inp.request_id, inp.token_ids, params, config.model.eos_token_ids, inp.cache_salt
         )
+        request.seed = seed
         request.generator = torch.Generator(config.device).manual_seed(seed)
         if params.structured_outputs is not None:
             # Starts at the grammar's start: a prefill node's first token advances it.

@@ -203,6 +203,7 @@ class LLMEngine:
             request_id, prompt_token_ids, params, self.config.model.eos_token_ids, cache_salt
         )
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        request.seed = seed
         request.generator = torch.Generator(self.config.device).manual_seed(seed)
         if params.structured_outputs is not None:
             request.grammar = self.grammars.matcher(params.structured_outputs)

@@ -190,6 +190,7 @@ class PrefillNode:
             key, msg.token_ids, params, core.config.model.eos_token_ids, msg.cache_salt
         )
         seed = params.seed if params.seed is not None else secrets.randbits(63)
+        request.seed = seed
         request.generator = torch.Generator(core.config.device).manual_seed(seed)
         if params.structured_outputs is not None:
             # the first token obeys the grammar too; D's matcher starts from the prompt

@@ -88,6 +88,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.block_hashes: list[BlockHash] = []
         self.generator: torch.Generator | None = None
+        # Seeds the runner's generator for this request's draws (None: the global one).
+        self.seed: int | None = None
         # Structured outputs: the matcher of the tokens output so far (None: unconstrained).
         # A preempted request keeps it: its output tokens are recomputed, not resampled.
         self.grammar: Grammar | None = None
