@@ -145,7 +145,7 @@ class LLMEngine:
             config.cache.block_size, config.cache.num_blocks, config.cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.runner = ModelRunner(config, self.kv.block_ids)
+        self.runner = ModelRunner(config)
         self.outputs = OutputProcessor(tokenizer)
         self.grammars = grammar_compiler(config, tokenizer)
         self._seeds = random.Random(config.seed)
@@ -202,9 +202,7 @@ class LLMEngine:
         request = Request(
             request_id, prompt_token_ids, params, self.config.model.eos_token_ids, cache_salt
         )
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        request.seed = seed
-        request.generator = torch.Generator(self.config.device).manual_seed(seed)
+        request.seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         if params.structured_outputs is not None:
             request.grammar = self.grammars.matcher(params.structured_outputs)
         return request
@@ -221,7 +219,7 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             return []
-        result = self.runner.execute(scheduler_output)
+        result = self.runner.execute(scheduler_output.plan)
         finished = self.scheduler.update_from_output(scheduler_output, result)
         sampled = [
             r for r, t in zip(scheduler_output.scheduled, result.sampled_token_ids) if t is not None
