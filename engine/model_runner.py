@@ -138,7 +138,7 @@ class ModelRunner:
         state). The output is in the plan's batch order."""
         if self.broken is not None:
             raise RuntimeError(f"the tensor-parallel ranks were stopped: {self.broken}")
-        batch = self._prepare(plan)
+        batch, states = self._prepare(plan)
         if self.workers is None:
             hidden, logits = self.shard.forward(batch)  # [T, H], [S, V]
         else:
@@ -149,17 +149,18 @@ class ModelRunner:
         logprobs: list[TokenLogprobs | None] = [None] * num_seqs
         if logits is not None:
             rows = batch.sample_rows
-            states = [self.requests[plan.req_ids[i]] for i in rows]
-            result = self.sampler(logits, states, _grammar_rows(plan, states))
-            for row, state, token_id, lp in zip(rows, states, result.token_ids, result.logprobs):
+            due = [states[i] for i in rows]
+            result = self.sampler(logits, due, _grammar_rows(plan, due))
+            for row, state, token_id, lp in zip(rows, due, result.token_ids, result.logprobs):
                 state.append_token(token_id)
                 sampled[row] = token_id
                 logprobs[row] = lp
         return ModelRunnerOutput(sampled, logprobs, kv_written)
 
-    def _prepare(self, plan: StepPlan) -> StepBatch:
-        """Apply `plan` to the request states, then flatten its batch from them."""
-        states: Sequence[RequestState] = self.requests.update(plan)
+    def _prepare(self, plan: StepPlan) -> tuple[StepBatch, list[RequestState]]:
+        """Apply `plan` to the request states, then flatten its batch from them. Returns the
+        batch and its states, in batch order."""
+        states = self.requests.update(plan)
         num_sched = np.asarray(plan.num_scheduled_tokens, dtype=np.int32)  # [B]
         computed = np.fromiter((s.num_computed_tokens for s in states), np.int32, len(states))
         seq_lens = computed + num_sched  # [B]
@@ -181,7 +182,7 @@ class ModelRunner:
         rows = np.repeat(np.arange(len(states)), num_sched)
         slots = block_tables[rows, positions // self.block_size].astype(np.int64)
         slots = slots * self.block_size + positions % self.block_size  # [T]
-        return StepBatch(
+        batch = StepBatch(
             input_ids=np.array(input_ids, dtype=np.int64),
             positions=positions.astype(np.int64),
             query_start_loc=query_start_loc,
@@ -191,6 +192,7 @@ class ModelRunner:
             sample_rows=sample_rows,
             logits_indices=(query_start_loc[1:][sample_rows] - 1).astype(np.int64),
         )
+        return batch, states
 
 
 def _grammar_rows(plan: StepPlan, states: Sequence[RequestState]) -> GrammarRows | None:

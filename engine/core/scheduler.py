@@ -52,6 +52,7 @@ class SchedulerOutput:
     remote_prefills: list[Request] = field(default_factory=list)
     # Requests that named a prefill worker but were prefilled here (short uncached part).
     num_local_decisions: int = 0
+    # What the runner receives, written by `Scheduler.schedule` (`add` leaves it as it is).
     plan: StepPlan = field(default_factory=StepPlan)
 
     @property

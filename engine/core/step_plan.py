@@ -65,14 +65,6 @@ class CachedRequestData:
     def num_reqs(self) -> int:
         return len(self.req_ids)
 
-    def add(
-        self, request_id: str, new_token_ids: list[int], new_block_ids: list[int], computed: int
-    ) -> None:
-        self.req_ids.append(request_id)
-        self.new_token_ids.append(new_token_ids)
-        self.new_block_ids.append(new_block_ids)
-        self.num_computed_tokens.append(computed)
-
 
 @dataclass(frozen=True)
 class GrammarBitmask:

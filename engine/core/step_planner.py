@@ -59,9 +59,7 @@ class StepPlanner:
         self._finished, self._preempted = [], []
         constrained: list[Request] = []
         for request, n in zip(scheduled, num_scheduled_tokens):
-            samples = request.num_computed_tokens + n == request.num_tokens
-            self._add(plan, request, samples)
-            if samples and request.grammar is not None:
+            if self._add(plan, request, n) and request.grammar is not None:
                 constrained.append(request)
         if constrained:
             plan.grammar_bitmask = self._bitmasks.fill(
@@ -69,21 +67,23 @@ class StepPlanner:
             )
         return plan
 
-    def _add(self, plan: StepPlan, request: Request, samples: bool) -> None:
-        table = self.kv.block_ids(request.request_id)
-        num_tokens = request.num_tokens + samples
-        held = self._held.get(request.request_id)
+    def _add(self, plan: StepPlan, request: Request, num_new: int) -> bool:
+        """Put `request` in `plan`, in full or as its diff; True if it samples this step."""
+        request_id, token_ids = request.request_id, request.all_token_ids
+        samples = request.num_computed_tokens + num_new == len(token_ids)
+        table = self.kv.block_ids(request_id)
+        held = self._held.get(request_id)
         if held is None:
             plan.new_reqs.append(_new_request_data(request, table))
-            self._held[request.request_id] = _Held(len(table), num_tokens)
-            return
-        plan.cached_reqs.add(
-            request.request_id,
-            request.all_token_ids[held.num_tokens :],
-            table[held.num_blocks :],
-            request.num_computed_tokens,
-        )
-        held.num_blocks, held.num_tokens = len(table), num_tokens
+            self._held[request_id] = _Held(len(table), len(token_ids) + samples)
+            return samples
+        cached = plan.cached_reqs
+        cached.req_ids.append(request_id)
+        cached.new_token_ids.append(token_ids[held.num_tokens :])
+        cached.new_block_ids.append(table[held.num_blocks :])
+        cached.num_computed_tokens.append(request.num_computed_tokens)
+        held.num_blocks, held.num_tokens = len(table), len(token_ids) + samples
+        return samples
 
 
 def _new_request_data(request: Request, table: list[int]) -> NewRequestData:

@@ -12,7 +12,7 @@ from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.core.step_plan import NewRequestData, StepPlan
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RequestState:
     """One request as the runner knows it. `all_token_ids` ends with the token the runner
     last sampled for it; `generator` is advanced by each of its draws."""
@@ -72,14 +72,16 @@ class RequestStates:
         for data in plan.new_reqs:
             assert data.request_id not in self._states, data.request_id
             self._states[data.request_id] = self._create(data)
-        cached = plan.cached_reqs
-        for i, request_id in enumerate(cached.req_ids):
-            state = self._states[request_id]
-            for token_id in cached.new_token_ids[i]:
+        states, cached = self._states, plan.cached_reqs
+        for request_id, token_ids, block_ids, num_computed in zip(
+            cached.req_ids, cached.new_token_ids, cached.new_block_ids, cached.num_computed_tokens
+        ):
+            state = states[request_id]
+            for token_id in token_ids:
                 state.append_token(token_id)
-            state.block_ids.extend(cached.new_block_ids[i])
-            state.num_computed_tokens = cached.num_computed_tokens[i]
-        return [self._states[request_id] for request_id in plan.req_ids]
+            state.block_ids += block_ids
+            state.num_computed_tokens = num_computed
+        return [states[request_id] for request_id in plan.req_ids]
 
     def _create(self, data: NewRequestData) -> RequestState:
         output = data.token_ids[data.num_prompt_tokens :]

@@ -63,7 +63,7 @@ def test_static_buffers_match_the_eager_step_and_padding_writes_nothing(llama_di
     assert runner.graphs is not None and runner.graphs.sizes == [1, 2, 4, 8]
     step = decode_step(llm, [3, 9, 14])  # 3 sequences: bucket 4, one padding row
     with torch.inference_mode():
-        batch = runner._prepare(step.plan)
+        batch, _ = runner._prepare(step.plan)
         input_ids, positions = batch.model_inputs(runner.device)
         common = batch.attention_metadata(runner.device)
         assert runner.graphs.can_run(common)

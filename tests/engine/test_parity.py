@@ -144,7 +144,7 @@ def test_one_forward_pass_logits_close(model_dirs, arch, device, kernels):
     plan = StepPlanner(engine.kv).plan([request], [len(prompt)])
     runner = engine.runner
     with torch.inference_mode():
-        batch = runner._prepare(plan)
+        batch, _ = runner._prepare(plan)
         input_ids, positions = batch.model_inputs(runner.device)
         common = batch.attention_metadata(runner.device)
         attn = AttentionBatch(runner.backend, runner.backend.build(common))

@@ -45,7 +45,7 @@ def _logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
     assert engine.kv.allocate_slots(request, len(prompt)) is not None
     plan = StepPlanner(engine.kv).plan([request], [len(prompt)])
     runner = engine.runner
-    batch = runner._prepare(plan)
+    batch, _ = runner._prepare(plan)
     batch.logits_indices = np.arange(len(prompt), dtype=np.int64)
     if runner.workers is not None:
         runner.workers.broadcast(batch)
