@@ -147,9 +147,9 @@ class GrammarTimer:
     def __enter__(self) -> GrammarTimer:
         timer = self
 
-        def fill(filler, request_ids, grammars):
+        def fill(filler, grammars):
             start = time.perf_counter()
-            bitmask = timer._fill(filler, request_ids, grammars)
+            bitmask = timer._fill(filler, grammars)
             timer.mask += time.perf_counter() - start
             return bitmask
 

@@ -44,7 +44,7 @@ class NewRequestData:
     request_id: str
     token_ids: list[int]  # the prompt, then the output tokens so far (a copy)
     num_prompt_tokens: int
-    sampling_params: SamplingParams
+    sampling_params: SamplingParams  # the request's own: read-only on both sides
     eos_token_ids: tuple[int, ...]
     seed: int | None  # of the request's draws; None: the global generator
     block_ids: list[int]  # the whole block table (a copy)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.request import Request
-from tandem.engine.core.step_plan import NewRequestData, StepPlan
+from tandem.engine.core.step_plan import GrammarBitmask, NewRequestData, StepPlan
 from tandem.engine.structured.bitmask import BitmaskFiller
 
 
@@ -62,9 +62,8 @@ class StepPlanner:
             if self._add(plan, request, n) and request.grammar is not None:
                 constrained.append(request)
         if constrained:
-            plan.grammar_bitmask = self._bitmasks.fill(
-                [r.request_id for r in constrained], [r.grammar for r in constrained]
-            )
+            bits = self._bitmasks.fill([r.grammar for r in constrained])
+            plan.grammar_bitmask = GrammarBitmask([r.request_id for r in constrained], bits)
         return plan
 
     def _add(self, plan: StepPlan, request: Request, num_new: int) -> bool:

@@ -2,8 +2,8 @@
 tokens its grammar allows next, one bit per vocabulary entry.
 
 llguidance fills the rows on its own thread pool without the GIL, in one call for the
-batch. The bits travel in the step's plan (`GrammarBitmask`); the runner turns them into
--inf on the logits (`tandem.engine.exec.grammar_mask`).
+batch. The bits travel in the step's plan (`tandem.engine.core.step_plan.GrammarBitmask`);
+the runner turns them into -inf on the logits (`tandem.engine.exec.grammar_mask`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 
 import llguidance
 import numpy as np
-
-from tandem.engine.core.step_plan import GrammarBitmask
 
 if TYPE_CHECKING:  # the scheduler imports this module; grammar.py imports transformers
     from tandem.engine.structured.grammar import Grammar
@@ -27,10 +25,11 @@ class BitmaskFiller:
     def __init__(self) -> None:
         self._executor: llguidance.LLExecutor | None = None
 
-    def fill(self, request_ids: list[str], grammars: Sequence[Grammar]) -> GrammarBitmask:
-        """Row g of the bitmask for `grammars[g]`, the grammar of `request_ids[g]`. The
-        array is fresh: the plan owns it."""
-        assert len(request_ids) == len(grammars) > 0, (len(request_ids), len(grammars))
+    def fill(self, grammars: Sequence[Grammar]) -> np.ndarray:
+        """[G, W] int32, row g the tokens `grammars[g]` allows next: bit j of word w allows
+        token 32w + j. W covers the grammars' vocabulary. The array is fresh: the caller
+        owns it."""
+        assert grammars, "no grammar to fill a mask for"
         (vocab_size,) = {g.vocab_size for g in grammars}
         num_words = (vocab_size + 31) // 32
         bits = np.empty((len(grammars), num_words), dtype=np.int32)  # [G, W]
@@ -40,4 +39,4 @@ class BitmaskFiller:
         self._executor.unsafe_compute_mask_ptr(
             matchers, bits.ctypes.data, num_words * 4, len(grammars)
         )
-        return GrammarBitmask(list(request_ids), bits)
+        return bits

@@ -183,7 +183,7 @@ def test_the_mask_allows_exactly_the_grammar_tokens_and_only_on_grammar_rows(tok
     grammar = compiler.matcher(Spec(regex=r"(ab|cd)[0-9]"))
     for token in tokenizer.encode("ab"):
         assert grammar.accept(token)  # now a digit must follow
-    bits = BitmaskFiller().fill(["g"], [grammar]).bits  # row 1's grammar; row 0 has none
+    bits = BitmaskFiller().fill([grammar])  # row 1's grammar; row 0 has none
     logits = torch.randn(2, vocab)  # [S, V]
     before = logits.clone()
     GrammarMask(vocab, torch.float32, torch.device("cpu")).apply(logits, [1], bits)
@@ -224,7 +224,7 @@ def test_a_tokenizer_with_more_tokens_than_the_model_has_logits(tokenizer):
     assert compiler.unavailable is None
     grammar = compiler.matcher(Spec(regex=r"[0-9]"))
     assert grammar.vocab_size == len(tokenizer)
-    bits = BitmaskFiller().fill(["g"], [grammar]).bits
+    bits = BitmaskFiller().fill([grammar])
     logits = torch.randn(1, vocab)  # [S, V]
     GrammarMask(vocab, torch.float32, torch.device("cpu")).apply(logits, [0], bits)
     allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()

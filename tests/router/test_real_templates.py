@@ -127,7 +127,7 @@ def sample_under(compiler, sampler, grammar: str, seed: int, generator, vocab: i
     bitmasks = BitmaskFiller()
     while not request.grammar.is_terminated and request.num_output_tokens < 400:
         logits = torch.randn(1, vocab, generator=generator) * 3
-        bits = bitmasks.fill([request.request_id], [request.grammar]).bits
+        bits = bitmasks.fill([request.grammar])
         (token,) = sampler(logits, [state], GrammarRows([0], bits)).token_ids
         request.append_output_token(token)
         state.append_token(token)
