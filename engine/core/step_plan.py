@@ -53,13 +53,15 @@ class NewRequestData:
 
 @dataclass
 class CachedRequestData:
-    """Requests the runner holds, as columns: entry i is `req_ids[i]`'s diff since its last
-    step."""
+    """Requests the runner holds, and their diffs since their last step: `req_ids[i]` has
+    `num_computed_tokens[i]`; only the requests whose table grew are in `new_block_ids`, and
+    only those given tokens outside the runner's sampling in `new_token_ids` (the runner
+    appends the tokens it samples itself)."""
 
     req_ids: list[str] = field(default_factory=list)
-    new_token_ids: list[list[int]] = field(default_factory=list)  # appended outside sampling
-    new_block_ids: list[list[int]] = field(default_factory=list)  # appended to the table
     num_computed_tokens: list[int] = field(default_factory=list)
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)  # appended to the table
+    new_token_ids: dict[str, list[int]] = field(default_factory=dict)  # appended to the tokens
 
     @property
     def num_reqs(self) -> int:

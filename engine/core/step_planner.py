@@ -78,10 +78,13 @@ class StepPlanner:
             return samples
         cached = plan.cached_reqs
         cached.req_ids.append(request_id)
-        cached.new_token_ids.append(token_ids[held.num_tokens :])
-        cached.new_block_ids.append(table[held.num_blocks :])
         cached.num_computed_tokens.append(request.num_computed_tokens)
-        held.num_blocks, held.num_tokens = len(table), len(token_ids) + samples
+        if len(table) > held.num_blocks:
+            cached.new_block_ids[request_id] = table[held.num_blocks :]
+            held.num_blocks = len(table)
+        if len(token_ids) > held.num_tokens:
+            cached.new_token_ids[request_id] = token_ids[held.num_tokens :]
+        held.num_tokens = len(token_ids) + samples
         return samples
 
 

@@ -73,14 +73,13 @@ class RequestStates:
             assert data.request_id not in self._states, data.request_id
             self._states[data.request_id] = self._create(data)
         states, cached = self._states, plan.cached_reqs
-        for request_id, token_ids, block_ids, num_computed in zip(
-            cached.req_ids, cached.new_token_ids, cached.new_block_ids, cached.num_computed_tokens
-        ):
-            state = states[request_id]
+        for request_id, num_computed in zip(cached.req_ids, cached.num_computed_tokens):
+            states[request_id].num_computed_tokens = num_computed
+        for request_id, block_ids in cached.new_block_ids.items():
+            states[request_id].block_ids.extend(block_ids)
+        for request_id, token_ids in cached.new_token_ids.items():
             for token_id in token_ids:
-                state.append_token(token_id)
-            state.block_ids += block_ids
-            state.num_computed_tokens = num_computed
+                states[request_id].append_token(token_id)
         return [states[request_id] for request_id in plan.req_ids]
 
     def _create(self, data: NewRequestData) -> RequestState:

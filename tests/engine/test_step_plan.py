@@ -124,8 +124,8 @@ def test_a_known_request_receives_only_its_new_blocks_and_counts(llama_dir):
     received = list(new.block_ids)
     for plan, table, before in zip(rest, tables[1:], tables):
         assert plan.new_reqs == [] and plan.cached_reqs.req_ids == ["r"]
-        assert plan.cached_reqs.new_token_ids == [[]]
-        (new_blocks,) = plan.cached_reqs.new_block_ids
+        assert plan.cached_reqs.new_token_ids == {}
+        new_blocks = plan.cached_reqs.new_block_ids.get("r", [])
         assert new_blocks == table[len(before) :] and len(new_blocks) <= 2
         received += new_blocks
     assert received == tables[-1] and len(received) == (20 + 14 - 1 + 3) // 4
@@ -200,10 +200,10 @@ def test_tokens_appended_outside_the_runner_travel_as_a_diff():
         return out.plan
 
     run_step(6)
-    assert run_step(7).cached_reqs.new_token_ids == [[]]
+    assert run_step(7).cached_reqs.new_token_ids == {}
     request.append_output_token(8)  # as a prefill node's first token is
     plan = run_step(9)
-    assert plan.cached_reqs.new_token_ids == [[8]]
+    assert plan.cached_reqs.new_token_ids == {"r": [8]}
     assert runner["r"].all_token_ids == request.all_token_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
