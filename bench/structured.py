@@ -36,6 +36,7 @@ from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.engine_args import EngineArgs
 from tandem.engine.exec.grammar_mask import GrammarMask
 from tandem.engine.llm_engine import LLMEngine
+from tandem.engine.structured.bitmask import BitmaskFiller
 from tandem.engine.structured.grammar import Grammar
 from tandem.engine.structured.spec import StructuredOutputsParams
 from tandem.engine.tiny_model import make_model
@@ -135,19 +136,27 @@ def parse_args() -> argparse.Namespace:
 
 
 class GrammarTimer:
-    """Wraps `GrammarMask.apply` (the mask) and `Grammar.accept` (a matcher advancing past
+    """Wraps `BitmaskFiller.fill` and `GrammarMask.apply` (the mask: filled when the step is
+    planned, added to the logits when it runs) and `Grammar.accept` (a matcher advancing past
     a token) to add up the seconds each takes."""
 
     def __init__(self) -> None:
         self.mask = self.advance = 0.0
-        self._apply, self._accept = GrammarMask.apply, Grammar.accept
+        self._fill, self._apply = BitmaskFiller.fill, GrammarMask.apply
+        self._accept = Grammar.accept
 
     def __enter__(self) -> GrammarTimer:
         timer = self
 
-        def apply(mask, logits, requests):
+        def fill(filler, grammars):
             start = time.perf_counter()
-            timer._apply(mask, logits, requests)
+            bitmask = timer._fill(filler, grammars)
+            timer.mask += time.perf_counter() - start
+            return bitmask
+
+        def apply(mask, logits, rows, bits):
+            start = time.perf_counter()
+            timer._apply(mask, logits, rows, bits)
             timer.mask += time.perf_counter() - start
 
         def accept(grammar, token_id):
@@ -156,11 +165,12 @@ class GrammarTimer:
             timer.advance += time.perf_counter() - start
             return accepted
 
-        GrammarMask.apply, Grammar.accept = apply, accept
+        BitmaskFiller.fill, GrammarMask.apply, Grammar.accept = fill, apply, accept
         return self
 
     def __exit__(self, *exc) -> None:
-        GrammarMask.apply, Grammar.accept = self._apply, self._accept
+        BitmaskFiller.fill, GrammarMask.apply = self._fill, self._apply
+        Grammar.accept = self._accept
 
 
 def decode_steps(model: Path, args: argparse.Namespace) -> None:

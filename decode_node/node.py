@@ -28,7 +28,6 @@ import time
 from typing import Any
 
 import msgspec
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from tandem.decode_node.holds import Holds
@@ -42,7 +41,6 @@ from tandem.engine.core.scheduler import (
     remote_hold_key,
 )
 from tandem.engine.detokenizer import IncrementalDetokenizer
-from tandem.engine.exec.sampler import skip_draw
 from tandem.engine.llm_engine import validate_prompt
 from tandem.engine.step import StepHooks, run_step
 from tandem.engine.telemetry import request_log, tracing
@@ -112,7 +110,7 @@ class DecodeNode(StepHooks):
         request = Request(
             inp.request_id, inp.token_ids, params, config.model.eos_token_ids, inp.cache_salt
         )
-        request.generator = torch.Generator(config.device).manual_seed(seed)
+        request.seed = seed
         if params.structured_outputs is not None:
             # Starts at the grammar's start: a prefill node's first token advances it.
             request.grammar = self.core.grammars.matcher(params.structured_outputs)
@@ -357,7 +355,7 @@ class DecodeNode(StepHooks):
             "prefill_s": done.prefill_s,  # received -> first token, on the worker's clock
             "transfer_s": done.transfer_s,  # first write posted -> last write done
         }
-        skip_draw(request, self.core.config.model.vocab_size, self.core.config.device)
+        # The runner skips the draw of this token when it first meets the request.
         self.core.scheduler.complete_remote_prefill(
             request.request_id, done.token_id, from_wire(done.logprobs)
         )

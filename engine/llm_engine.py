@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from tandem.engine.core.block_pool import BlockCounts
@@ -44,7 +43,7 @@ class LLMEngine:
             config.cache.block_size, config.cache.num_blocks, config.cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
-        self.runner = ModelRunner(config, self.kv.block_ids)
+        self.runner = ModelRunner(config)
         self.outputs = OutputProcessor(tokenizer)
         self.grammars = grammar_compiler(config, tokenizer)
         self._seeds = random.Random(config.seed)
@@ -101,8 +100,7 @@ class LLMEngine:
         request = Request(
             request_id, prompt_token_ids, params, self.config.model.eos_token_ids, cache_salt
         )
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        request.generator = torch.Generator(self.config.device).manual_seed(seed)
+        request.seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         if params.structured_outputs is not None:
             request.grammar = self.grammars.matcher(params.structured_outputs)
         return request
@@ -117,7 +115,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; return the requests that finished in it."""
         hooks = _StopAndCollect(self)
-        run_step(self.scheduler, self.runner.execute, hooks)
+        run_step(self.scheduler, lambda out: self.runner.execute(out.plan), hooks)
         return hooks.outputs
 
     def _collect(self, finished: list[Request]) -> list[RequestOutput]:

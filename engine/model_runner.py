@@ -1,23 +1,27 @@
 """The model runner: rank 0's side of one flat batch per step (its shard, the other ranks,
 the sampler).
 
-Each step is flattened into varlen tensors: `input_ids` and `positions` [T], and the
-attention metadata (`query_start_loc`, `seq_lens`, `block_tables`, `slot_mapping`). Only
-sequences whose computed tokens reach their end this step get logits and a sampled token.
+It receives each step as a plain-data `StepPlan` and keeps its own copy of every request it
+runs (`RequestStates`): new requests in full, known ones by their diffs, dropped when the plan
+says so. Each step is flattened from those copies into varlen tensors: `input_ids` and
+`positions` [T], and the attention metadata (`query_start_loc`, `seq_lens`, `block_tables`,
+`slot_mapping`). Only sequences whose computed tokens reach their end this step get logits
+and a sampled token, which the runner appends to its own copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from tandem.engine.attention.backend import AttentionBackend
 from tandem.engine.core.config import EngineConfig
-from tandem.engine.core.request import Request
-from tandem.engine.core.scheduler import ModelRunnerOutput, SchedulerOutput
+from tandem.engine.core.request import TokenLogprobs
+from tandem.engine.core.scheduler import ModelRunnerOutput
 from tandem.engine.core.step_event import StepEvent
+from tandem.engine.core.step_plan import StepPlan
 from tandem.engine.exec.cuda_graphs import DecodeGraphs
 from tandem.engine.exec.model_shard import (
     ModelShard,
@@ -25,7 +29,8 @@ from tandem.engine.exec.model_shard import (
     kv_block_bytes,
     select_attention_backend,
 )
-from tandem.engine.exec.sampler import Sampler
+from tandem.engine.exec.request_state import RequestState, RequestStates
+from tandem.engine.exec.sampler import GrammarRows, Sampler
 from tandem.engine.exec.step_batch import StepBatch
 from tandem.engine.models.tensor_parallel import TensorParallel
 from tandem.engine.parallel.rank_processes import RankProcesses
@@ -53,20 +58,20 @@ def activation_bytes(config: EngineConfig) -> int:
 
 
 class ModelRunner:
-    """Rank 0's runner: flattens each step into a `StepBatch`, has every rank run it, and
-    samples from the gathered logits. Owns rank 0's `ModelShard` and, with tensor
-    parallelism, the other ranks' processes (`close` stops them). Reads the scheduled
-    requests' token ids and block ids, never mutates the requests (the scheduler applies
-    the output)."""
+    """Rank 0's runner: applies each `StepPlan` to its request states, flattens the step into
+    a `StepBatch`, has every rank run it, and samples from the gathered logits. Owns rank 0's
+    `ModelShard`, the request states (`requests`) and, with tensor parallelism, the other
+    ranks' processes (`close` stops them). Sees no `Request`: the scheduler applies the
+    output to those."""
 
-    def __init__(self, config: EngineConfig, block_ids_of: Callable[[str], list[int]]) -> None:
-        """`block_ids_of(request_id) -> list[int]` reads a request's block table. With
-        `tensor_parallel_size` N > 1, spawns ranks 1..N-1 and returns once all are ready;
-        raises `RankStartupError` naming a rank that died or failed (every rank stopped)."""
+    def __init__(self, config: EngineConfig) -> None:
+        """With `tensor_parallel_size` N > 1, spawns ranks 1..N-1 and returns once all are
+        ready; raises `RankStartupError` naming a rank that died or failed (every rank
+        stopped)."""
         self.config = config
         self.device = config.device
         self.block_size = config.cache.block_size
-        self.block_ids_of = block_ids_of
+        self.requests = RequestStates(config.device, config.model.vocab_size)
         self.sampler = Sampler()
         self.workers: RankProcesses | None = None
         self.broken: str | None = None  # why the ranks were stopped mid-run
@@ -127,51 +132,57 @@ class ModelRunner:
             raise
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, plan: StepPlan) -> ModelRunnerOutput:
+        """Run one step: apply `plan` to the request states, run its batch on every rank, and
+        sample the sequences that reach their end (each token appended to its request's
+        state). The output is in the plan's batch order."""
         if self.broken is not None:
             raise RuntimeError(f"the tensor-parallel ranks were stopped: {self.broken}")
-        batch = self._prepare(out)
+        batch, states = self._prepare(plan)
         if self.workers is None:
             hidden, logits = self.shard.forward(batch)  # [T, H], [S, V]
         else:
             hidden, logits = self._forward_all_ranks(batch)
         kv_written = StepEvent.record(hidden.device)
-        num_seqs = len(out.scheduled)
+        num_seqs = plan.num_reqs
         sampled: list[int | None] = [None] * num_seqs
-        logprobs: list = [None] * num_seqs
+        logprobs: list[TokenLogprobs | None] = [None] * num_seqs
         if logits is not None:
-            sample_rows = batch.sample_rows
-            result = self.sampler(logits, [out.scheduled[i] for i in sample_rows])
-            for row, token_id, lp in zip(sample_rows, result.token_ids, result.logprobs):
+            rows = batch.sample_rows
+            due = [states[i] for i in rows]
+            result = self.sampler(logits, due, _grammar_rows(plan, due))
+            for row, state, token_id, lp in zip(rows, due, result.token_ids, result.logprobs):
+                state.append_token(token_id)
                 sampled[row] = token_id
                 logprobs[row] = lp
         return ModelRunnerOutput(sampled, logprobs, kv_written)
 
-    def _prepare(self, out: SchedulerOutput) -> StepBatch:
-        requests: Sequence[Request] = out.scheduled
-        num_sched = np.asarray(out.num_scheduled_tokens, dtype=np.int32)  # [B]
-        computed = np.fromiter((r.num_computed_tokens for r in requests), np.int32, len(requests))
+    def _prepare(self, plan: StepPlan) -> tuple[StepBatch, list[RequestState]]:
+        """Apply `plan` to the request states, then flatten its batch from them. Returns the
+        batch and its states, in batch order."""
+        states = self.requests.update(plan)
+        num_sched = np.asarray(plan.num_scheduled_tokens, dtype=np.int32)  # [B]
+        computed = np.fromiter((s.num_computed_tokens for s in states), np.int32, len(states))
         seq_lens = computed + num_sched  # [B]
-        query_start_loc = np.zeros(len(requests) + 1, dtype=np.int32)
+        query_start_loc = np.zeros(len(states) + 1, dtype=np.int32)
         np.cumsum(num_sched, out=query_start_loc[1:])
         input_ids: list[int] = []
-        tables = [self.block_ids_of(r.request_id) for r in requests]
         sample_rows = []
-        for i, (request, c, n) in enumerate(zip(requests, computed.tolist(), num_sched.tolist())):
+        for i, (state, c, n) in enumerate(zip(states, computed.tolist(), num_sched.tolist())):
             if n == 1:
-                input_ids.append(request.all_token_ids[c])
+                input_ids.append(state.all_token_ids[c])
             else:
-                input_ids.extend(request.all_token_ids[c : c + n])
-            if c + n == request.num_tokens:
+                input_ids.extend(state.all_token_ids[c : c + n])
+            if c + n == state.num_tokens:
                 sample_rows.append(i)
-        block_tables = _pad_tables(tables)  # [B, MB]
+        block_tables = _pad_tables([s.block_ids for s in states])  # [B, MB]
         positions = np.repeat(computed - query_start_loc[:-1], num_sched) + np.arange(
             query_start_loc[-1], dtype=np.int32
         )  # [T]
-        rows = np.repeat(np.arange(len(requests)), num_sched)
+        rows = np.repeat(np.arange(len(states)), num_sched)
         slots = block_tables[rows, positions // self.block_size].astype(np.int64)
         slots = slots * self.block_size + positions % self.block_size  # [T]
-        return StepBatch(
+        batch = StepBatch(
             input_ids=np.array(input_ids, dtype=np.int64),
             positions=positions.astype(np.int64),
             query_start_loc=query_start_loc,
@@ -181,6 +192,16 @@ class ModelRunner:
             sample_rows=sample_rows,
             logits_indices=(query_start_loc[1:][sample_rows] - 1).astype(np.int64),
         )
+        return batch, states
+
+
+def _grammar_rows(plan: StepPlan, states: Sequence[RequestState]) -> GrammarRows | None:
+    """The plan's grammar bitmask, its request ids turned into rows of the sampled `states`."""
+    bitmask = plan.grammar_bitmask
+    if bitmask is None:
+        return None
+    row_of = {state.request_id: row for row, state in enumerate(states)}
+    return GrammarRows([row_of[rid] for rid in bitmask.request_ids], bitmask.bits)
 
 
 def _pad_tables(tables: list[list[int]]) -> np.ndarray:

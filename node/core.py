@@ -65,7 +65,7 @@ class NodeCore:
             record_events=record_events,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, remote_prefill_threshold)
-        self.runner = ModelRunner(config, self.kv.block_ids)
+        self.runner = ModelRunner(config)
         if self.runner.workers is not None:
             self.runner.workers.watch(exit_process)  # a rank gone: the node is gone
         prefix = f"{identity.role}-{identity.pod}".replace(":", "-")
@@ -78,10 +78,11 @@ class NodeCore:
         self.steps = StepLog()
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one scheduled step on the model, logged and counted."""
+        """Run one scheduled step on the model (which receives only `out.plan`), logged and
+        counted."""
         work = StepWork.of(out.num_scheduled_tokens, context_lens(out))
         clocks = self.steps.begin()
-        result = self.runner.execute(out)
+        result = self.runner.execute(out.plan)
         sampled = sum(1 for t in result.sampled_token_ids if t is not None)
         self.steps.end(clocks, work, sampled)
         self.metrics.observe_step(out)

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import torch
 
 from tandem.engine.core.config import LAST_WRITE_WAIT_SHARE
 from tandem.engine.core.request import Request, RequestStatus
@@ -192,8 +191,7 @@ class PrefillNode(StepHooks):
         request = Request(
             key, msg.token_ids, params, core.config.model.eos_token_ids, msg.cache_salt
         )
-        seed = params.seed if params.seed is not None else secrets.randbits(63)
-        request.generator = torch.Generator(core.config.device).manual_seed(seed)
+        request.seed = params.seed if params.seed is not None else secrets.randbits(63)
         if params.structured_outputs is not None:
             # the first token obeys the grammar too; D's matcher starts from the prompt
             request.grammar = core.grammars.matcher(params.structured_outputs)

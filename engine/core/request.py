@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
-
 from tandem.engine.core.block_hash import BlockHash
 from tandem.engine.core.sampling_params import SamplingParams
 
@@ -57,8 +55,9 @@ class TokenLogprobs:
 
 class Request:
     """One sequence being generated. The scheduler owns its status and counters; the KV-cache
-    manager owns its blocks and `block_hashes`; the sampler reads its `generator` and its
-    `grammar` (structured outputs), which every appended token advances.
+    manager owns its blocks and `block_hashes`; its `grammar` (structured outputs) is advanced
+    by every appended token. The model runner never sees it: it keeps a copy of its own, sent
+    in the step's plan (`tandem.engine.core.step_plan`).
 
     The model computes `all_token_ids[:num_computed_tokens]`; a request is decoding when
     only its last sampled token is left to compute.
@@ -87,7 +86,8 @@ class Request:
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
         self.block_hashes: list[BlockHash] = []
-        self.generator: torch.Generator | None = None
+        # Seeds the runner's generator for this request's draws (None: the global one).
+        self.seed: int | None = None
         # Structured outputs: the matcher of the tokens output so far (None: unconstrained).
         # A preempted request keeps it: its output tokens are recomputed, not resampled.
         self.grammar: Grammar | None = None

@@ -24,14 +24,25 @@ from tandem.engine.core.config import SchedulerConfig
 from tandem.engine.core.kv_cache_manager import ComputedBlocks, KVCacheManager
 from tandem.engine.core.request import Request, RequestStatus, TokenLogprobs
 from tandem.engine.core.step_event import StepEvent
+from tandem.engine.core.step_plan import StepPlan
+from tandem.engine.core.step_planner import StepPlanner
 
 
 @dataclass
 class SchedulerOutput:
     """One step's plan: which requests run, and how many of their tokens each computes.
 
-    `scheduled[i]` computes `all_token_ids[num_computed_tokens : + num_scheduled_tokens[i]]`;
-    the request objects are shared with the engine, not copied.
+    Two views of the same step. `plan` is what the model runner receives: plain data, each
+    request sent in full once and then as diffs (`StepPlan`). The rest is the engine's side
+    and refers to the live requests, shared with the engine, never copied and never passed
+    to the runner: `scheduled[i]` computes `all_token_ids[num_computed_tokens :
+    + num_scheduled_tokens[i]]`, and is `plan.req_ids[i]`.
+
+    Why handles here rather than ids looked up in `Scheduler.requests`: the engine side reads
+    the step's requests after `update_from_output`, which has already removed the finished
+    ones from the scheduler (stop strings, streaming each new token, a prefill node's last
+    writes); handles stay valid, and the runner's signature (`execute(plan)`) is what keeps
+    them out of the runner.
     """
 
     scheduled: list[Request] = field(default_factory=list)
@@ -41,6 +52,8 @@ class SchedulerOutput:
     remote_prefills: list[Request] = field(default_factory=list)
     # Requests that named a prefill worker but were prefilled here (short uncached part).
     num_local_decisions: int = 0
+    # What the runner receives, written by `Scheduler.schedule` (`add` leaves it as it is).
+    plan: StepPlan = field(default_factory=StepPlan)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -94,8 +107,9 @@ def prefill_job_key(agent: str, request_id: str, attempt: int) -> str:
 
 
 class Scheduler:
-    """Owns the waiting queue, the running list and the requests waiting for remote KV;
-    mutates requests' status and counters."""
+    """Owns the waiting queue, the running list, the requests waiting for remote KV, and the
+    record of what the model runner holds (`planner`); mutates requests' status and
+    counters."""
 
     def __init__(
         self,
@@ -113,6 +127,7 @@ class Scheduler:
         self.num_preemptions = 0
         # Holds taken since the node last drained this list.
         self.abandoned_remote: list[RemoteHold] = []
+        self.planner = StepPlanner(kv_cache_manager)
 
     @property
     def num_unfinished(self) -> int:
@@ -130,11 +145,13 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """Plan one step. Mutates the queues, the requests' status and the block tables;
-        `num_computed_tokens` advances only in `update_from_output`."""
+        `num_computed_tokens` advances only in `update_from_output`. The output's `plan`
+        assumes the runner runs it before the next `schedule` whenever it is not empty."""
         out = SchedulerOutput()
         budget = self._schedule_running(self.config.max_num_batched_tokens, out)
         if not out.preempted:
             self._schedule_waiting(budget, out)
+        out.plan = self.planner.plan(out.scheduled, out.num_scheduled_tokens)
         return out
 
     def _schedule_running(self, budget: int, out: SchedulerOutput) -> int:
@@ -248,6 +265,7 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.kv.free(request)
+        self.planner.drop(request.request_id, preempted=True)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -295,5 +313,6 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self.kv.free(request)
+        self.planner.drop(request.request_id)
         request.status = status
         del self.requests[request.request_id]

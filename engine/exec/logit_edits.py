@@ -2,9 +2,9 @@
 batched tensor ops: logit bias, repetition/presence/frequency penalties, and the
 `min_tokens` mask.
 
-Each kind of edit is a list of (row, token) pairs built from the requests' Python state;
-each list crosses to the device once (pinned, asynchronous on CUDA), so a step costs no
-host sync per request however many requests ask for edits.
+Each kind of edit is a list of (row, token) pairs built from the runner's copies of the
+requests (`RequestState`); each list crosses to the device once (pinned, asynchronous on
+CUDA), so a step costs no host sync per request however many requests ask for edits.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tandem.engine.core.request import Request
+from tandem.engine.exec.request_state import RequestState
 
 
 def host_tensor(values: Sequence, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -47,13 +47,13 @@ class LogitEdits:
     frequency: list[float] = field(default_factory=list)  # per row
 
     @classmethod
-    def collect(cls, requests: Sequence[Request], vocab_size: int) -> LogitEdits:
+    def collect(cls, requests: Sequence[RequestState], vocab_size: int) -> LogitEdits:
         edits = cls()
         for row, request in enumerate(requests):
             edits._add(row, request, vocab_size)
         return edits
 
-    def _add(self, row: int, request: Request, vocab: int) -> None:
+    def _add(self, row: int, request: RequestState, vocab: int) -> None:
         p = request.sampling_params
         for token, bias in (p.logit_bias or {}).items():
             if 0 <= token < vocab:
@@ -69,7 +69,7 @@ class LogitEdits:
                 _append(self.output, row, token, 1.0)
         # Under a grammar the grammar says where the output may end: masking its only
         # allowed token (EOS once complete) would leave nothing to sample.
-        if request.num_output_tokens < p.min_tokens and request.grammar is None:
+        if request.num_output_tokens < p.min_tokens and not request.has_grammar:
             stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(request.eos_token_ids))
             for token in stops:
                 if 0 <= token < vocab:

@@ -1,7 +1,9 @@
 """The sampler: logits of the sequences due a token -> token ids and log-probabilities.
 
+It reads the runner's copies of the requests (`RequestState`), never a `Request`.
 Order of operations, as in vLLM: the grammar mask first (structured outputs: tokens the
-request's grammar forbids get -inf, `tandem.engine.exec.grammar_mask`); then raw
+request's grammar forbids get -inf, from the bits in the step's plan,
+`tandem.engine.exec.grammar_mask`); then raw
 log-probabilities (what `logprobs` reports) are taken; then logit bias, penalties and the
 `min_tokens` mask; greedy rows take the argmax; random rows are divided by their
 temperature, filtered by min-p, top-k and top-p, and drawn with their own
@@ -14,12 +16,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from tandem.engine.core.request import Request, TokenLogprobs
+from tandem.engine.core.request import TokenLogprobs
 from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.exec.grammar_mask import GrammarMask
 from tandem.engine.exec.logit_edits import LogitEdits, host_tensor
+from tandem.engine.exec.request_state import RequestState
+
+
+@dataclass(frozen=True)
+class GrammarRows:
+    """The grammar mask of a batch to sample: logits row `rows[g]` may take the tokens set in
+    `bits[g]` (the plan's `GrammarBitmask`, its request ids turned into rows)."""
+
+    rows: list[int]  # [G]
+    bits: np.ndarray  # [G, W] int32
 
 
 @dataclass
@@ -29,18 +42,23 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Reads each request's params, output tokens and grammar, and advances its generator;
-    owns only the grammar mask's buffers (made on the first batch with a grammar)."""
+    """Reads each request's params and output tokens, and advances its generator; owns only
+    the grammar mask's buffers (made on the first batch with a grammar)."""
 
     def __init__(self) -> None:
         self._grammar_mask: GrammarMask | None = None
 
-    def __call__(self, logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
-        """`logits`: [S, V] float32, row i for `requests[i]`; rows with a grammar are
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        requests: Sequence[RequestState],
+        grammar: GrammarRows | None = None,
+    ) -> SamplerOutput:
+        """`logits`: [S, V] float32, row i for `requests[i]`; the rows `grammar` names are
         masked in place."""
         assert logits.dim() == 2 and logits.shape[0] == len(requests), (logits.shape, len(requests))
-        if any(r.grammar is not None for r in requests):
-            self._mask(logits).apply(logits, requests)
+        if grammar is not None and grammar.rows:
+            self._mask(logits).apply(logits, grammar.rows, grammar.bits)
         want_logprobs = [r.sampling_params.logprobs for r in requests]
         raw_logprobs = None
         if any(n is not None for n in want_logprobs):
@@ -57,14 +75,14 @@ class Sampler:
             self._grammar_mask = GrammarMask(logits.shape[1], logits.dtype, logits.device)
         return self._grammar_mask
 
-    def _process(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    def _process(self, logits: torch.Tensor, requests: Sequence[RequestState]) -> torch.Tensor:
         if not any(_needs_processing(r) for r in requests):
             return logits
         logits = logits.clone()
         LogitEdits.collect(requests, logits.shape[1]).apply(logits)
         return logits
 
-    def _pick(self, logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+    def _pick(self, logits: torch.Tensor, requests: Sequence[RequestState]) -> torch.Tensor:
         token_ids = logits.argmax(dim=-1)  # [S]
         rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
         if rows:
@@ -73,16 +91,16 @@ class Sampler:
         return token_ids
 
 
-def _needs_processing(request: Request) -> bool:
+def _needs_processing(request: RequestState) -> bool:
     p = request.sampling_params
     return bool(
         p.logit_bias
         or p.needs_penalties
-        or (request.num_output_tokens < p.min_tokens and request.grammar is None)
+        or (request.num_output_tokens < p.min_tokens and not request.has_grammar)
     )
 
 
-def _sample(logits: torch.Tensor, requests: Sequence[Request]) -> torch.Tensor:
+def _sample(logits: torch.Tensor, requests: Sequence[RequestState]) -> torch.Tensor:
     """Draw one token per row of `logits` [R, V] under each request's temperature and
     filters, with its generator."""
     device = logits.device
@@ -138,12 +156,3 @@ def _gather_logprobs(
         top = tuple(zip(top_idx_l[i][:n], top_vals_l[i][:n]))
         out.append(TokenLogprobs(tokens[i], chosen_l[i], ranks_l[i], top))
     return out
-
-
-def skip_draw(request: Request, vocab_size: int, device: torch.device) -> None:
-    """Advance the request's generator past one sampled token, as if this sampler had drawn
-    it: a decode node continuing a sequence whose first token the prefill node sampled with
-    the same seed draws exactly what a single engine would have."""
-    if request.sampling_params.greedy or request.generator is None:
-        return
-    torch.empty(vocab_size, device=device).exponential_(generator=request.generator)

@@ -1,10 +1,10 @@
 """One step's model input as plain host arrays: what every tensor-parallel rank needs to run
 the step, and nothing of the requests themselves.
 
-Rank 0 flattens its `SchedulerOutput` (which refers to live `Request` objects) into a
-`StepBatch`; the other ranks receive it pickled (numpy arrays and ints only) and run the
-same forward on their shard. Requests, sampling state and grammars never leave rank 0: it
-alone samples, from the logits the ranks gather to it.
+Rank 0 flattens its request states (updated by the step's `StepPlan`) into a `StepBatch`;
+the other ranks receive it pickled (numpy arrays and ints only) and run the same forward on
+their shard. Token ids, sampling state and grammar masks never leave rank 0: it alone
+samples, from the logits the ranks gather to it.
 """
 
 from __future__ import annotations

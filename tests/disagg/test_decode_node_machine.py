@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 import hypothesis.strategies as st
 import msgspec
+import torch
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
@@ -28,7 +29,9 @@ from tandem.decode_node.node import DecodeNode, DecodeOptions, GenerateInput
 from tandem.engine.core.config import SchedulerConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.core.scheduler import Scheduler, remote_hold_key
+from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, remote_hold_key
+from tandem.engine.core.step_plan import StepPlan
+from tandem.engine.exec.request_state import RequestStates
 from tandem.engine.telemetry.metrics import NodeMetrics
 from tandem.engine.telemetry.request_log import RequestIdFilter
 from tandem.engine.telemetry.step_log import StepLog
@@ -43,7 +46,7 @@ from tandem.engine.transfer.messages import (
     encode,
 )
 from tandem.node.core import NodeCore
-from tests.engine.test_scheduler import VOCAB, fake_run
+from tests.engine.test_scheduler import VOCAB, fake_token
 from tests.engine.test_scheduler_machine import shared_prefix_prompt, tokens_alone
 
 BLOCK_SIZE, NUM_BLOCKS = 4, 9
@@ -54,8 +57,21 @@ NEVER_S = 10.0**9
 
 
 class Runner:
-    def execute(self, out):
-        return fake_run(out)
+    """Samples what `fake_run` would, from its own copies of the requests, kept from the
+    plans as the real runner keeps them."""
+
+    def __init__(self) -> None:
+        self.requests = RequestStates(torch.device("cpu"), VOCAB)
+
+    def execute(self, plan: StepPlan) -> ModelRunnerOutput:
+        tokens: list[int | None] = []
+        for state, n in zip(self.requests.update(plan), plan.num_scheduled_tokens):
+            token = None
+            if state.num_computed_tokens + n == state.num_tokens:
+                token = fake_token(state.all_token_ids)
+                state.append_token(token)
+            tokens.append(token)
+        return ModelRunnerOutput(tokens, [None] * len(tokens))
 
 
 class Tokenizer:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import hypothesis.strategies as st
+import torch
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from prometheus_client import CollectorRegistry
@@ -25,7 +26,9 @@ from prometheus_client import CollectorRegistry
 from tandem.engine.core.config import SchedulerConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
+from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler
+from tandem.engine.core.step_plan import StepPlan
+from tandem.engine.exec.request_state import RequestStates
 from tandem.engine.telemetry.metrics import NodeMetrics
 from tandem.engine.telemetry.step_log import StepLog
 from tandem.engine.transfer.messages import (
@@ -57,18 +60,24 @@ def first_token(prompt: list[int]) -> int:
 
 class PromptRunner:
     """Samples `first_token(prompt)` once a request's prompt is complete; calls `during`
-    (if set) as if the step took that long."""
+    (if set) as if the step took that long. Keeps the requests' states from the plans as the
+    real runner does."""
 
     def __init__(self) -> None:
         self.during: Callable[[], None] | None = None
+        self.requests = RequestStates(torch.device("cpu"), VOCAB)
 
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, plan: StepPlan) -> ModelRunnerOutput:
         if self.during is not None:
             self.during()
-        tokens = [
-            first_token(r.prompt_token_ids) if r.num_computed_tokens + n == r.num_tokens else None
-            for r, n in zip(out.scheduled, out.num_scheduled_tokens)
-        ]
+        tokens: list[int | None] = []
+        for state, n in zip(self.requests.update(plan), plan.num_scheduled_tokens):
+            token = None
+            if state.num_computed_tokens + n == state.num_tokens:
+                num_prompt = state.num_tokens - state.num_output_tokens
+                token = first_token(state.all_token_ids[:num_prompt])
+                state.append_token(token)
+            tokens.append(token)
         return ModelRunnerOutput(tokens, [None] * len(tokens))
 
 

@@ -10,7 +10,8 @@ import threading
 
 from prometheus_client import generate_latest
 
-from tandem.engine.core.scheduler import ModelRunnerOutput, SchedulerOutput
+from tandem.engine.core.scheduler import ModelRunnerOutput
+from tandem.engine.core.step_plan import StepPlan
 from tandem.engine.transfer.messages import PrefillFailed
 from tandem.engine.transfer.nixl_agent import Transfer
 from tests.bounds import HANG_S
@@ -35,8 +36,8 @@ class EventRunner(PromptRunner):
         super().__init__()
         self.log, self.steps = log, 0
 
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        result = super().execute(out)
+    def execute(self, plan: StepPlan) -> ModelRunnerOutput:
+        result = super().execute(plan)
         self.steps += 1
         self.log.append(f"step {self.steps}")
         result.kv_written = LoggedEvent(self.log, self.steps)

@@ -13,6 +13,7 @@ from tandem.engine import LLM, SamplingParams
 from tandem.engine.attention.backend import AttentionBatch
 from tandem.engine.core.request import Request
 from tandem.engine.core.scheduler import SchedulerOutput
+from tandem.engine.core.step_planner import StepPlanner
 from tandem.engine.exec.cuda_graphs import MAX_GRAPH_BATCH, graph_batch_sizes
 
 # The static and the eager step differ by float32 rounding alone: the static one runs a batch
@@ -36,8 +37,10 @@ def test_bucket_sizes():
 
 def decode_step(llm: LLM, prompt_lens: list[int]) -> SchedulerOutput:
     """Prefill all but each prompt's last token eagerly, then schedule that last token of
-    each: a decode-shaped step (one query token per sequence)."""
+    each: a decode-shaped step (one query token per sequence). The runner receives the
+    output's `plan`, from one planner for both steps."""
     engine = llm.engine
+    planner = StepPlanner(engine.kv)
     requests = [
         Request(f"r{i}", list(range(7, 7 + n)), SamplingParams()) for i, n in enumerate(prompt_lens)
     ]
@@ -45,11 +48,12 @@ def decode_step(llm: LLM, prompt_lens: list[int]) -> SchedulerOutput:
     for r in requests:
         assert engine.kv.allocate_slots(r, r.num_tokens) is not None
         prefill.add(r, r.num_tokens - 1)
-    engine.runner.execute(prefill)
+    engine.runner.execute(planner.plan(prefill.scheduled, prefill.num_scheduled_tokens))
     step = SchedulerOutput()
     for r, n in zip(requests, prompt_lens):
         r.num_computed_tokens = n - 1
         step.add(r, 1)
+    step.plan = planner.plan(step.scheduled, step.num_scheduled_tokens)
     return step
 
 
@@ -59,7 +63,7 @@ def test_static_buffers_match_the_eager_step_and_padding_writes_nothing(llama_di
     assert runner.graphs is not None and runner.graphs.sizes == [1, 2, 4, 8]
     step = decode_step(llm, [3, 9, 14])  # 3 sequences: bucket 4, one padding row
     with torch.inference_mode():
-        batch = runner._prepare(step)
+        batch, _ = runner._prepare(step.plan)
         input_ids, positions = batch.model_inputs(runner.device)
         common = batch.attention_metadata(runner.device)
         assert runner.graphs.can_run(common)

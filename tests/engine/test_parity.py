@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from tandem.engine import LLM, SamplingParams
 from tandem.engine.attention.backend import AttentionBatch
 from tandem.engine.core.request import Request
-from tandem.engine.core.scheduler import SchedulerOutput
+from tandem.engine.core.step_planner import StepPlanner
 from tandem.engine.tiny_model import ARCHS, make_model
 from tests.greedy import assert_greedy_agrees, logit_rounding
 
@@ -141,11 +141,10 @@ def test_one_forward_pass_logits_close(model_dirs, arch, device, kernels):
     prompt = prompts(engine.config.model.vocab_size)[6]  # 180 tokens, many blocks
     request = Request("logits", prompt, SamplingParams())
     assert engine.kv.allocate_slots(request, len(prompt)) is not None
-    out = SchedulerOutput()
-    out.add(request, len(prompt))
+    plan = StepPlanner(engine.kv).plan([request], [len(prompt)])
     runner = engine.runner
     with torch.inference_mode():
-        batch = runner._prepare(out)
+        batch, _ = runner._prepare(plan)
         input_ids, positions = batch.model_inputs(runner.device)
         common = batch.attention_metadata(runner.device)
         attn = AttentionBatch(runner.backend, runner.backend.build(common))

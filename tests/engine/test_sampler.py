@@ -5,24 +5,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.engine.core.request import Request
 from tandem.engine.core.sampling_params import SamplingParams
+from tandem.engine.exec.request_state import RequestState
 from tandem.engine.exec.sampler import Sampler
 
 V = 50
 
 
-def req(seed: int | None = 0, outputs=(), prompt=(1, 2, 3), eos=(), **params) -> Request:
-    r = Request(
-        f"r{seed}-{len(outputs)}",
-        list(prompt),
-        SamplingParams(seed=seed, **params),
+def req(seed: int | None = 0, outputs=(), prompt=(1, 2, 3), eos=(), **params) -> RequestState:
+    """The runner's copy of a request, as the sampler reads it."""
+    return RequestState(
+        request_id=f"r{seed}-{len(outputs)}",
+        all_token_ids=[*prompt, *outputs],
+        output_token_ids=list(outputs),
+        sampling_params=SamplingParams(seed=seed, **params),
         eos_token_ids=tuple(eos),
+        generator=torch.Generator().manual_seed(seed if seed is not None else 1234),
+        block_ids=[],
+        num_computed_tokens=len(prompt) + len(outputs),
     )
-    r.generator = torch.Generator().manual_seed(seed if seed is not None else 1234)
-    for t in outputs:
-        r.append_output_token(t)
-    return r
 
 
 def logits(rows: int = 1, seed: int = 0) -> torch.Tensor:

@@ -16,12 +16,16 @@ from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, Scheduler
 VOCAB = 1000
 
 
+def fake_token(token_ids: list[int]) -> int:
+    """What the fake model samples after `token_ids`."""
+    return zlib.crc32(",".join(map(str, token_ids)).encode()) % VOCAB
+
+
 def fake_run(out: SchedulerOutput) -> ModelRunnerOutput:
     tokens = []
     for request, n in zip(out.scheduled, out.num_scheduled_tokens):
         done = request.num_computed_tokens + n == request.num_tokens
-        seq = ",".join(map(str, request.all_token_ids)).encode()
-        tokens.append(zlib.crc32(seq) % VOCAB if done else None)
+        tokens.append(fake_token(request.all_token_ids) if done else None)
     return ModelRunnerOutput(tokens, [None] * len(tokens))
 
 

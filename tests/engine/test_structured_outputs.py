@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from tandem.engine import LLM, SamplingParams
-from tandem.engine.core.request import Request
 from tandem.engine.exec.grammar_mask import GrammarMask
+from tandem.engine.structured.bitmask import BitmaskFiller
 from tandem.engine.structured.grammar import GrammarCompiler, InvalidGrammar
 from tandem.engine.structured.spec import StructuredOutputsParams as Spec
 
@@ -183,12 +183,10 @@ def test_the_mask_allows_exactly_the_grammar_tokens_and_only_on_grammar_rows(tok
     grammar = compiler.matcher(Spec(regex=r"(ab|cd)[0-9]"))
     for token in tokenizer.encode("ab"):
         assert grammar.accept(token)  # now a digit must follow
-    shaped = Request("g", [1], SamplingParams())
-    shaped.grammar = grammar
-    plain = Request("p", [1], SamplingParams())
+    bits = BitmaskFiller().fill([grammar])  # row 1's grammar; row 0 has none
     logits = torch.randn(2, vocab)  # [S, V]
     before = logits.clone()
-    GrammarMask(vocab, torch.float32, torch.device("cpu")).apply(logits, [plain, shaped])
+    GrammarMask(vocab, torch.float32, torch.device("cpu")).apply(logits, [1], bits)
     allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
     texts = {t: tokenizer.decode([t]) for t in allowed}
     assert texts and all(re.fullmatch(r"[0-9]+", s) for s in texts.values()), texts
@@ -226,10 +224,9 @@ def test_a_tokenizer_with_more_tokens_than_the_model_has_logits(tokenizer):
     assert compiler.unavailable is None
     grammar = compiler.matcher(Spec(regex=r"[0-9]"))
     assert grammar.vocab_size == len(tokenizer)
-    shaped = Request("g", [1], SamplingParams())
-    shaped.grammar = grammar
+    bits = BitmaskFiller().fill([grammar])
     logits = torch.randn(1, vocab)  # [S, V]
-    GrammarMask(vocab, torch.float32, torch.device("cpu")).apply(logits, [shaped])
+    GrammarMask(vocab, torch.float32, torch.device("cpu")).apply(logits, [0], bits)
     allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
     assert allowed and all(re.fullmatch(r"[0-9]+", tokenizer.decode([t])) for t in allowed)
 

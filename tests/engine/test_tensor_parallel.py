@@ -24,7 +24,7 @@ import torch
 from tandem.engine import LLM, SamplingParams
 from tandem.engine.core.config import ModelConfig, check_tensor_parallel_size
 from tandem.engine.core.request import Request
-from tandem.engine.core.scheduler import SchedulerOutput
+from tandem.engine.core.step_planner import StepPlanner
 from tandem.engine.parallel import rank_main
 from tandem.engine.parallel.rank_processes import RankStartupError
 from tandem.engine.tiny_model import ARCHS
@@ -43,10 +43,9 @@ def _logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
     engine = llm.engine
     request = Request("logits", prompt, SamplingParams())
     assert engine.kv.allocate_slots(request, len(prompt)) is not None
-    out = SchedulerOutput()
-    out.add(request, len(prompt))
+    plan = StepPlanner(engine.kv).plan([request], [len(prompt)])
     runner = engine.runner
-    batch = runner._prepare(out)
+    batch, _ = runner._prepare(plan)
     batch.logits_indices = np.arange(len(prompt), dtype=np.int64)
     if runner.workers is not None:
         runner.workers.broadcast(batch)

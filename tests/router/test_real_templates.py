@@ -19,7 +19,9 @@ from transformers import AutoTokenizer
 
 from tandem.engine.core.request import Request
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.exec.sampler import Sampler
+from tandem.engine.exec.request_state import RequestState
+from tandem.engine.exec.sampler import GrammarRows, Sampler
+from tandem.engine.structured.bitmask import BitmaskFiller
 from tandem.engine.structured.grammar import GrammarCompiler
 from tandem.router.preprocess import ModelLimits, Preprocessor
 from tandem.router.protocol import ChatMessage
@@ -119,11 +121,15 @@ def sample_under(compiler, sampler, grammar: str, seed: int, generator, vocab: i
     from tandem.engine.structured.spec import StructuredOutputsParams
 
     request = Request(f"r{seed}", [1], SamplingParams(seed=seed, max_tokens=400))
-    request.generator = torch.Generator().manual_seed(seed)
     request.grammar = compiler.matcher(StructuredOutputsParams(grammar=grammar))
+    state = RequestState(request.request_id, [1], [], request.sampling_params, (),
+                         torch.Generator().manual_seed(seed), [], 0)  # fmt: skip
+    bitmasks = BitmaskFiller()
     while not request.grammar.is_terminated and request.num_output_tokens < 400:
         logits = torch.randn(1, vocab, generator=generator) * 3
-        (token,) = sampler(logits, [request]).token_ids
+        bits = bitmasks.fill([request.grammar])
+        (token,) = sampler(logits, [state], GrammarRows([0], bits)).token_ids
         request.append_output_token(token)
+        state.append_token(token)
     assert request.grammar.is_terminated and not request.grammar.is_error
     return request.output_token_ids
