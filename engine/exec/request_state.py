@@ -4,7 +4,7 @@ runner builds each step's arrays from these copies, and the sampler reads them."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,14 @@ class RequestState:
     generator: torch.Generator | None
     block_ids: list[int]  # the block table
     num_computed_tokens: int  # as of the last plan
+    # Read by the sampler every step, derived from `sampling_params` once.
+    greedy: bool = field(init=False)
+    needs_edits: bool = field(init=False)  # logit bias or penalties, at every step
+
+    def __post_init__(self) -> None:
+        params = self.sampling_params
+        self.greedy = params.greedy
+        self.needs_edits = bool(params.logit_bias or params.needs_penalties)
 
     @property
     def num_tokens(self) -> int:

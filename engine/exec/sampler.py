@@ -84,7 +84,7 @@ class Sampler:
 
     def _pick(self, logits: torch.Tensor, requests: Sequence[RequestState]) -> torch.Tensor:
         token_ids = logits.argmax(dim=-1)  # [S]
-        rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        rows = [i for i, r in enumerate(requests) if not r.greedy]
         if rows:
             idx = host_tensor(rows, torch.long, logits.device)
             token_ids[idx] = _sample(logits[idx], [requests[i] for i in rows])
@@ -92,11 +92,8 @@ class Sampler:
 
 
 def _needs_processing(request: RequestState) -> bool:
-    p = request.sampling_params
-    return bool(
-        p.logit_bias
-        or p.needs_penalties
-        or (request.num_output_tokens < p.min_tokens and not request.has_grammar)
+    return request.needs_edits or (
+        request.num_output_tokens < request.sampling_params.min_tokens and not request.has_grammar
     )
 
 
