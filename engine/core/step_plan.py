@@ -11,7 +11,8 @@ so a step's plan sends each request in full once and then only what changed, as 
   the runner's own sampling (none today: a decode node's first token from a prefill node is
   appended before the request is ever scheduled there);
 - `finished_req_ids` and `preempted_req_ids` name the requests whose state the runner drops
-  (finished, aborted or preempted since the last plan that ran a batch).
+  (finished, aborted or preempted since the last plan that ran a batch); of a preempted one
+  it keeps only the generator, until the request resumes (sent in full again) or finishes.
 
 Leaves are str, int, float, bool, None, lists and tuples of them, `SamplingParams` (itself
 plain data) and numpy arrays; a plan can be pickled as it is.
@@ -24,8 +25,10 @@ logits. The alternative, sending matcher handles, would put a live object in the
 
 Sampling draws. The runner makes each request's `torch.Generator` from the seed in its
 `NewRequestData`, then skips one draw per output token it did not sample itself (a token a
-prefill node sampled, or the tokens before a preemption): a request's draws are a function of
-its seed and its output count, so its state can be rebuilt from plain data alone.
+prefill node sampled): a request's draws are a function of its seed and its output count.
+A resumed request could be rebuilt the same way, but replaying its draws costs about 3 ms a
+token on the CPU (a 152k vocabulary), so the runner parks a preempted request's generator
+instead (`tandem.engine.exec.request_state`).
 """
 
 from __future__ import annotations
@@ -89,7 +92,7 @@ class StepPlan:
     new_reqs: list[NewRequestData] = field(default_factory=list)
     cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
     finished_req_ids: list[str] = field(default_factory=list)  # finished or aborted
-    preempted_req_ids: list[str] = field(default_factory=list)
+    preempted_req_ids: list[str] = field(default_factory=list)  # their generators kept
     grammar_bitmask: GrammarBitmask | None = None
 
     @property

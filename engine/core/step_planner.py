@@ -28,21 +28,28 @@ class StepPlanner:
     def __init__(self, kv_cache_manager: KVCacheManager) -> None:
         self.kv = kv_cache_manager
         self._held: dict[str, _Held] = {}
+        # Preempted, not resumed yet: the runner keeps their generators until told.
+        self._parked: set[str] = set()
         self._finished: list[str] = []
         self._preempted: list[str] = []
         self._bitmasks = BitmaskFiller()
 
     @property
     def num_held(self) -> int:
-        """Requests the runner holds once every plan so far has run."""
+        """Requests the runner holds once every plan so far has run (not counting the
+        preempted ones whose generators it keeps)."""
         return len(self._held)
 
     def drop(self, request_id: str, preempted: bool = False) -> None:
-        """The runner must forget `request_id` (it is told by the next plan that runs a
-        batch). A request it never held is ignored."""
-        if self._held.pop(request_id, None) is None:
-            return
-        (self._preempted if preempted else self._finished).append(request_id)
+        """The runner must forget `request_id`, all but its generator if `preempted` (it is
+        told by the next plan that runs a batch). A request it holds nothing of is ignored."""
+        if self._held.pop(request_id, None) is not None:
+            (self._preempted if preempted else self._finished).append(request_id)
+            if preempted:
+                self._parked.add(request_id)
+        elif not preempted and request_id in self._parked:
+            self._parked.remove(request_id)
+            self._finished.append(request_id)
 
     def plan(self, scheduled: Sequence[Request], num_scheduled_tokens: Sequence[int]) -> StepPlan:
         """The plan for `scheduled[b]` computing `num_scheduled_tokens[b]` tokens. With
@@ -73,6 +80,7 @@ class StepPlanner:
         table = self.kv.block_ids(request_id)
         held = self._held.get(request_id)
         if held is None:
+            self._parked.discard(request_id)
             plan.new_reqs.append(_new_request_data(request, table))
             self._held[request_id] = _Held(len(table), len(token_ids) + samples)
             return samples

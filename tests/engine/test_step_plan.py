@@ -12,7 +12,7 @@ import torch
 from tandem.engine import LLM, SamplingParams
 from tandem.engine.core.config import SchedulerConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager
-from tandem.engine.core.request import Request
+from tandem.engine.core.request import Request, RequestStatus
 from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler
 from tandem.engine.core.step_plan import (
     CachedRequestData,
@@ -205,6 +205,63 @@ def test_tokens_appended_outside_the_runner_travel_as_a_diff():
     plan = run_step(9)
     assert plan.cached_reqs.new_token_ids == {"r": [8]}
     assert runner["r"].all_token_ids == request.all_token_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+
+
+class TinyEngine:
+    """A scheduler and the runner's request states, stepped with a fake model that samples
+    token 5: the plan's contract without a model."""
+
+    def __init__(self, num_blocks: int) -> None:
+        kv = KVCacheManager(block_size=4, num_blocks=num_blocks)
+        self.scheduler = Scheduler(SchedulerConfig(16, 4, 64), kv)
+        self.runner = RequestStates(torch.device("cpu"), 32)
+
+    def add(self, request_id: str, seed: int) -> Request:
+        params = SamplingParams(temperature=1.0, seed=seed, max_tokens=8, ignore_eos=True)
+        request = Request(request_id, [1 + seed] * 8, params)
+        request.seed = seed
+        self.scheduler.add_request(request)
+        return request
+
+    def step(self) -> StepPlan:
+        out = self.scheduler.schedule()
+        states = self.runner.update(out.plan)
+        tokens: list[int | None] = []
+        for state, n in zip(states, out.plan.num_scheduled_tokens):
+            due = state.num_computed_tokens + n == state.num_tokens
+            tokens.append(5 if due else None)
+            if due:
+                state.append_token(5)
+        self.scheduler.update_from_output(out, ModelRunnerOutput(tokens, [None] * len(tokens)))
+        return out.plan
+
+
+def test_a_preempted_request_s_generator_waits_for_it_to_resume():
+    """Two requests of 4 blocks each in a pool of 5: the second is preempted at its first
+    decode step and resumes, sent in full, with the very generator it had."""
+    engine = TinyEngine(num_blocks=5)
+    engine.add("a", seed=1)
+    b = engine.add("b", seed=2)
+    engine.step()
+    generator = engine.runner["b"].generator
+    assert engine.step().preempted_req_ids == ["b"]
+    assert "b" not in engine.runner and engine.runner.num_parked == 1
+    while "b" not in engine.runner:
+        plan = engine.step()
+    (again,) = plan.new_reqs
+    assert again.request_id == "b" and again.token_ids == b.all_token_ids[: len(again.token_ids)]
+    assert engine.runner["b"].generator is generator and engine.runner.num_parked == 0
+
+
+def test_a_preempted_request_that_ends_while_waiting_frees_its_generator():
+    engine = TinyEngine(num_blocks=5)
+    engine.add("a", seed=1)
+    engine.add("b", seed=2)
+    engine.step()
+    assert engine.step().preempted_req_ids == ["b"] and engine.runner.num_parked == 1
+    engine.scheduler.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
+    assert engine.step().finished_req_ids == ["b"]
+    assert engine.runner.num_parked == 0 and len(engine.runner) == 1
 
 
 def test_a_rebuilt_generator_continues_the_draws():
