@@ -109,12 +109,15 @@ def _engine_memory(queue, model_dir: str, tp: int) -> None:
     import torch
 
     from tandem.engine import LLM
+    from tandem.engine.models.prepacked import weight_bytes
     from tandem.engine.parallel.rank_main import peak_rss_bytes, rss_bytes
 
     torch.set_num_threads(1)
     before = rss_bytes()
-    llm = LLM(model_dir, num_kv_blocks=16, tensor_parallel_size=tp, kernels="torch")
-    weights = sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
+    llm = LLM(
+        model_dir, dtype="float32", num_kv_blocks=16, tensor_parallel_size=tp, kernels="torch"
+    )
+    weights = weight_bytes(llm.engine.runner.model)
     workers = llm.engine.runner.workers
     peaks = [peak_rss_bytes(), *(workers.peak_rss_bytes if workers else [])]
     growth = [rss_bytes() - before, *(workers.load_rss_bytes if workers else [])]

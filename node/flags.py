@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from tandem.engine.core.config import DTYPE_CHOICES, DTYPE_HELP
 from tandem.engine.engine_args import EngineArgs
 from tandem.engine.telemetry.request_log import configure_logging
 from tandem.engine.telemetry.tracing import add_tracing_argument
@@ -39,7 +40,7 @@ def _add_listen_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--num-kv-blocks", type=int, default=None)

@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="per node")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
+    parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+        help="the nodes' dtype (auto: the checkpoint's on a GPU; on the CPU bfloat16 where it "
+        "has AVX512-BF16 or AMX, else float32)",
+    )  # fmt: skip
     for role in ("prefill", "decode"):
         parser.add_argument(
             f"--{role}-tensor-parallel-size", type=int, default=1,
@@ -106,6 +111,7 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     """The command line of every child: prefill nodes, decode nodes, then the router."""
     python = [sys.executable, "-P", "-m"]
     common = ["--model", str(model), "--threads", str(args.threads), "--log-level", args.log_level]
+    common += ["--dtype", args.dtype]
     for flag in ("max_model_len", "num_kv_blocks", "otlp_traces_endpoint"):
         if getattr(args, flag, None) is not None:
             common += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]

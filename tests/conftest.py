@@ -41,10 +41,18 @@ def llama_dir(model_dirs) -> Path:
 
 @pytest.fixture(scope="session")
 def llm(llama_dir):
-    """A shared engine for API tests; tests must leave it with no request in flight."""
+    """A shared engine for API tests; tests must leave it with no request in flight. float32,
+    as every engine the tests compare outputs of: their tolerances are float32's, and `auto`
+    is bfloat16 on some CPUs and float32 on others."""
     from tandem.engine import LLM
 
-    return LLM(str(llama_dir), num_kv_blocks=64, max_num_batched_tokens=128, max_num_seqs=16)
+    return LLM(
+        str(llama_dir),
+        dtype="float32",
+        num_kv_blocks=64,
+        max_num_batched_tokens=128,
+        max_num_seqs=16,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from tandem.engine.exec.cuda_graphs import DecodeGraphs
 from tandem.engine.exec.host_memory import hugepage_zeros
 from tandem.engine.exec.loader import load_weights
 from tandem.engine.exec.step_batch import StepBatch
+from tandem.engine.models.prepacked import can_prepack, prepack_linears
 from tandem.engine.models.registry import model_class
 from tandem.engine.models.tensor_parallel import RankShape, TensorParallel
 from tandem.kernels.attention_plan import device_num_sms
@@ -87,6 +88,8 @@ class ModelShard:
             self.model = model_class(config.model)(config.model, ops, tp).to(config.dtype)
         load_weights(self.model, config.model_dir)
         self.model.eval()
+        if can_prepack(config.device, config.dtype):
+            prepack_linears(self.model)
         self.kv_cache = allocate_kv_cache(config)
         self.backend = select_attention_backend(config)
         self.graphs: DecodeGraphs | None = None

@@ -45,6 +45,13 @@ class RotaryEmbedding(nn.Module):
         cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)  # [max_pos, D]
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
+    def _apply(self, fn, recurse=True):  # nn.Module's signature
+        """Moves with the model but stays float32 whatever the model's dtype: cos and sin
+        of large positions need float32's precision (the Triton kernel requires it)."""
+        super()._apply(fn, recurse)
+        self.cos_sin_cache = self.cos_sin_cache.float()
+        return self
+
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:

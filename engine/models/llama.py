@@ -31,7 +31,14 @@ from tandem.kernels.ops import TORCH_OPS, KernelOps
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps, tp: TensorParallel) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: KernelOps,
+        tp: TensorParallel,
+        rotary_emb: RotaryEmbedding,
+    ) -> None:
+        """`rotary_emb`: the model's one table, shared by every layer."""
         super().__init__()
         shape, d = tp.shape, config.head_dim
         self.num_heads = shape.num_heads
@@ -57,13 +64,7 @@ class LlamaAttention(nn.Module):
         if config.qk_norm:
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, ops)
-        self.rotary_emb = RotaryEmbedding(
-            config.head_dim,
-            config.max_position_embeddings,
-            config.rope_theta,
-            config.rope_scaling,
-            ops,
-        )
+        self.rotary_emb = rotary_emb
 
     def forward(
         self,
@@ -101,9 +102,15 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ops: KernelOps, tp: TensorParallel) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        ops: KernelOps,
+        tp: TensorParallel,
+        rotary_emb: RotaryEmbedding,
+    ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, ops, tp)
+        self.self_attn = LlamaAttention(config, ops, tp, rotary_emb)
         self.mlp = LlamaMLP(config, ops, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
@@ -130,8 +137,16 @@ class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, ops: KernelOps, tp: TensorParallel) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
+        # one cos|sin table for every layer (a copy per layer would be 30 x 2 MiB at 8k)
+        rotary_emb = RotaryEmbedding(
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            ops,
+        )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, ops, tp) for _ in range(config.num_layers)
+            LlamaDecoderLayer(config, ops, tp, rotary_emb) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
@@ -173,6 +188,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config, ops, tp)
         if config.tie_word_embeddings:
             self.lm_head = None
+            self.model.embed_tokens.serve_as_lm_head()
         else:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
 

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tandem.engine.models.prepacked import linear
 from tandem.engine.models.tensor_parallel import TensorParallel
 
 
@@ -65,6 +66,7 @@ class ColumnParallelLinear(nn.Module):
             out += s.size
         self.weight = nn.Parameter(torch.empty(out, in_features))  # [sum local rows, in]
         self.bias = nn.Parameter(torch.zeros(out)) if bias else None
+        self.prepacked: torch.Tensor | None = None  # see `prepacked.prepack_linears`
         _set_loader(self, self._load_shard, tuple(self.shards))
 
     def _load_shard(self, param: nn.Parameter, source: WeightSource, shard_id: str | int) -> None:
@@ -74,7 +76,7 @@ class ColumnParallelLinear(nn.Module):
         target.copy_(source[s.start : s.start + s.size])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [T, local out]
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.prepacked)
 
 
 class RowParallelLinear(nn.Module):
@@ -91,6 +93,7 @@ class RowParallelLinear(nn.Module):
         local = in_features // tp.size
         self.weight = nn.Parameter(torch.empty(out_features, local))  # [out, in / N]
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.prepacked: torch.Tensor | None = None
         _set_loader(self, self._load)
 
     def _load(self, param: nn.Parameter, source: WeightSource, shard_id: None) -> None:
@@ -103,8 +106,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, in / N] -> [T, out]
         if self.tp.size == 1:
-            return F.linear(x, self.weight, self.bias)
-        out = self.tp.all_reduce(F.linear(x, self.weight))
+            return linear(x, self.weight, self.bias, self.prepacked)
+        out = self.tp.all_reduce(linear(x, self.weight, None, self.prepacked))
         return out if self.bias is None else out + self.bias
 
 
@@ -120,6 +123,11 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp.shape.vocab_start
         self.weight = nn.Parameter(torch.zeros(tp.shape.vocab_per_rank, hidden_size))  # [Vp, H]
         _set_loader(self, self._load)
+
+    def serve_as_lm_head(self) -> None:
+        """Also the LM head (tied embeddings): gets a prepacked copy, keeps its weight."""
+        self.prepacked: torch.Tensor | None = None
+        self.keeps_weight = True
 
     def _load(self, param: nn.Parameter, source: WeightSource, shard_id: None) -> None:
         _check_shape(source, (self.vocab_size, param.shape[1]))
@@ -138,11 +146,15 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """The LM head's rows of this rank's vocabulary slice (see `vocab_logits`)."""
 
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel) -> None:
+        super().__init__(vocab_size, hidden_size, tp)
+        self.prepacked: torch.Tensor | None = None
+
 
 def vocab_logits(hidden: torch.Tensor, head: VocabParallelEmbedding) -> torch.Tensor | None:
     """[S, H] -> [S, V] float32 logits on rank 0 (each rank's slice, gathered), None on the
     other ranks."""
-    local = F.linear(hidden, head.weight)  # [S, Vp]
+    local = linear(hidden, head.weight, None, getattr(head, "prepacked", None))  # [S, Vp]
     if head.tp.size == 1:
         return local.float()
     logits = head.tp.gather_last_dim(local)

@@ -129,7 +129,8 @@ class Node(Proc):
             "--model", str(self.model),
             "--http-port", str(self.http_port), "--zmq-port", str(self.zmq_port),
             "--metrics-port", str(self.metrics_port),
-            "--threads", "1", "--log-level", "warning", "--debug-endpoints", *self.extra,
+            "--threads", "1", "--dtype", "float32", "--log-level", "warning", "--debug-endpoints",
+            *self.extra,
         ]  # fmt: skip
 
     @property

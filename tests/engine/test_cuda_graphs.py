@@ -58,7 +58,14 @@ def decode_step(llm: LLM, prompt_lens: list[int]) -> SchedulerOutput:
 
 
 def test_static_buffers_match_the_eager_step_and_padding_writes_nothing(llama_dir):
-    llm = LLM(str(llama_dir), num_kv_blocks=32, block_size=4, max_num_seqs=8, kernels="triton")
+    llm = LLM(
+        str(llama_dir),
+        dtype="float32",
+        num_kv_blocks=32,
+        block_size=4,
+        max_num_seqs=8,
+        kernels="triton",
+    )
     runner = llm.engine.runner
     assert runner.graphs is not None and runner.graphs.sizes == [1, 2, 4, 8]
     step = decode_step(llm, [3, 9, 14])  # 3 sequences: bucket 4, one padding row
@@ -99,7 +106,7 @@ def test_seeded_sampling_is_the_same_through_triton(llama_dir):
     prompts = [[5, 6, 7, 8, 9], [40, 41]]
     outs = []
     for kernels in ("torch", "triton"):
-        llm = LLM(str(llama_dir), num_kv_blocks=16, block_size=4, kernels=kernels)
+        llm = LLM(str(llama_dir), dtype="float32", num_kv_blocks=16, block_size=4, kernels=kernels)
         result = llm.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
         outs.append([o.outputs[0].token_ids for o in result])
     assert outs[0] == outs[1]

@@ -57,7 +57,7 @@ def test_hugepages_is_for_a_host_cache(llama_dir):
 def test_an_engine_on_huge_pages_generates_the_same_tokens(llama_dir, llm, free_hugepages):
     prompts = [[5 + (7 * i + j) % 400 for j in range(3 + 29 * i)] for i in range(6)]
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    kwargs = dict(num_kv_blocks=64, max_num_batched_tokens=128, max_num_seqs=16)
+    kwargs = dict(dtype="float32", num_kv_blocks=64, max_num_batched_tokens=128, max_num_seqs=16)
     free_hugepages(4)
     free = free_huge_pages()
     huge = LLM(str(llama_dir), kv_hugepages=True, **kwargs)

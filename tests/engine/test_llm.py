@@ -114,8 +114,8 @@ def test_preempted_sampled_request_yields_the_same_tokens(llama_dir):
         SamplingParams(max_tokens=40, temperature=1.0, seed=s, ignore_eos=True) for s in range(6)
     ]
     prompts = [[5 + i] * (20 + 7 * i) for i in range(6)]
-    roomy = LLM(str(llama_dir), num_kv_blocks=64)
-    tight = LLM(str(llama_dir), num_kv_blocks=12, max_num_batched_tokens=32)
+    roomy = LLM(str(llama_dir), dtype="float32", num_kv_blocks=64)
+    tight = LLM(str(llama_dir), dtype="float32", num_kv_blocks=12, max_num_batched_tokens=32)
     expected = roomy.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     got = tight.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     assert tight.engine.scheduler.num_preemptions > 0

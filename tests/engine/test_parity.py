@@ -46,6 +46,7 @@ def assert_greedy_parity(
     transformers' on the same checkpoint and device."""
     llm = LLM(
         str(model_dir),
+        dtype="float32",
         num_kv_blocks=num_kv_blocks,
         max_num_batched_tokens=64,
         max_num_seqs=8,

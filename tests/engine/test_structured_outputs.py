@@ -114,8 +114,8 @@ def test_preempted_requests_keep_their_matcher(llama_dir):
         SamplingParams(max_tokens=60, seed=s, structured_outputs=Spec(json=SCHEMA))
         for s in range(6)
     ]
-    roomy = LLM(str(llama_dir), num_kv_blocks=64)
-    tight = LLM(str(llama_dir), num_kv_blocks=12, max_num_batched_tokens=32)
+    roomy = LLM(str(llama_dir), dtype="float32", num_kv_blocks=64)
+    tight = LLM(str(llama_dir), dtype="float32", num_kv_blocks=12, max_num_batched_tokens=32)
     expected = roomy.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     got = tight.generate(prompt_token_ids=prompts, sampling_params=params, use_tqdm=False)
     assert tight.engine.scheduler.num_preemptions > 0

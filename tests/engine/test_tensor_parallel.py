@@ -35,7 +35,7 @@ from tests.greedy import NEAR_TIE, assert_greedy_agrees, logit_rounding, logprob
 # Long prompts chunk under a 64-token budget; 16 blocks of 16 cannot hold them all at once.
 PROMPT_LENS = [1, 17, 64, 150]
 NUM_TOKENS = 16
-ENGINE = {"num_kv_blocks": 16, "max_num_batched_tokens": 64, "max_num_seqs": 8}
+ENGINE = {"dtype": "float32", "num_kv_blocks": 16, "max_num_batched_tokens": 64, "max_num_seqs": 8}
 
 
 def _logits(llm: LLM, prompt: list[int]) -> torch.Tensor:
@@ -186,7 +186,7 @@ def test_generate_command_runs_two_ranks(llama_dir, llm):
     ref = llm.generate("the cat", greedy, use_tqdm=False)
     assert all(lp.top[0][1] - lp.top[1][1] > NEAR_TIE for lp in ref[0].outputs[0].logprobs)
     command = [sys.executable, "-P", "-m", "tandem.cli", "generate", "--model",
-               str(llama_dir), "--max-tokens", "8", "the cat"]  # fmt: skip
+               str(llama_dir), "--dtype", "float32", "--max-tokens", "8", "the cat"]  # fmt: skip
     outputs = [
         subprocess.run(
             [*command, "--tensor-parallel-size", size],
@@ -204,7 +204,13 @@ def test_generate_command_runs_two_ranks(llama_dir, llm):
 def test_two_ranks_through_the_triton_kernels(llama_dir):
     """The Triton path with two ranks (the CPU interpreter here): each rank's attention
     backend over its own heads, and the decode buckets' static buffers in every rank."""
-    kwargs = {"kernels": "triton", "block_size": 4, "num_kv_blocks": 24, "max_num_seqs": 4}
+    kwargs = {
+        "kernels": "triton",
+        "dtype": "float32",
+        "block_size": 4,
+        "num_kv_blocks": 24,
+        "max_num_seqs": 4,
+    }
     one = LLM(str(llama_dir), **kwargs)
     with LLM(str(llama_dir), tensor_parallel_size=2, **kwargs) as two:
         assert two.engine.runner.graphs is not None

@@ -36,7 +36,7 @@ class ServeProc(Proc):
         return [
             sys.executable, "-P", "-m", "tandem.cli", "serve",
             "--model", str(self.model), "--port", str(self.http_port), "--debug-endpoints",
-            *self.extra,
+            "--dtype", "float32", *self.extra,
         ]  # fmt: skip
 
     def environment(self) -> dict[str, str]:

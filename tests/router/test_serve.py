@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import openai
+import pytest
 
 from tandem.router.serve import ensure_model
 from tests.bounds import HANG_S, PROCESS_S
@@ -120,3 +121,20 @@ def test_tandem_serve_tells_prefill_nodes_the_decode_nodes_tensor_parallel_size(
     prefill = next(c for c in plan(args, Path("model")) if c.name == "prefill-0")
     at = prefill.cmd.index("--peer-tensor-parallel-sizes")
     assert prefill.cmd[at + 1] == "2"
+
+
+@pytest.mark.parametrize(("flags", "dtype"), [([], "auto"), (["--dtype", "float32"], "float32")])
+def test_tandem_serve_gives_every_node_its_dtype(flags, dtype):
+    import argparse
+
+    from tandem.router.serve import add_arguments, plan
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    children = plan(parser.parse_args(["--prefill", "2", *flags]), Path("model"))
+    nodes = [c for c in children if c.name != "router"]
+    assert len(nodes) == 3
+    for node in nodes:
+        assert node.cmd[node.cmd.index("--dtype") + 1] == dtype
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--dtype", "float8"])
