@@ -49,6 +49,8 @@ class StepPlanner:
                 self._parked.add(request_id)
         elif not preempted and request_id in self._parked:
             self._parked.remove(request_id)
+            if request_id in self._preempted:  # not told yet (no batch since): drop once
+                self._preempted.remove(request_id)
             self._finished.append(request_id)
 
     def plan(self, scheduled: Sequence[Request], num_scheduled_tokens: Sequence[int]) -> StepPlan:

@@ -283,3 +283,22 @@ def test_a_rebuilt_generator_continues_the_draws():
     second = states.update(StepPlan(req_ids=["b"], num_scheduled_tokens=[1], new_reqs=[resumed]))
     again = [sampler(logits[row : row + 1], second).token_ids[0] for row in (4, 5)]
     assert again == drawn[4:]
+
+
+def test_a_request_preempted_by_an_empty_step_and_ended_is_dropped_once():
+    """The lone running request cannot grow and preempts itself: nothing is scheduled, so
+    the runner hears of the preemption only with the next batch. It ends before then (an
+    abort, a prefill job's deadline): that batch tells the runner it finished, and not
+    also that it was preempted (which the runner would look up after dropping it)."""
+    engine = TinyEngine(num_blocks=3)
+    engine.add("a", seed=1)  # 8 prompt tokens in 2 blocks; a 4th block at its 13th token
+    plan = engine.step()
+    while engine.scheduler.num_preemptions == 0:
+        plan = engine.step()
+    assert plan.req_ids == [] and plan.preempted_req_ids == []  # the drop waits
+    engine.scheduler.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    engine.add("b", seed=2)
+    plan = engine.step()
+    assert plan.finished_req_ids == ["a"] and plan.preempted_req_ids == []
+    assert "a" not in engine.runner and engine.runner.num_parked == 0
+    assert engine.scheduler.planner.num_held == len(engine.runner) == 1
