@@ -17,12 +17,46 @@ import torch
 import torch.nn.functional as F
 
 from tandem.engine.attention.backend import AttentionBackend, CommonAttentionMetadata
-from tandem.kernels.reference import gather_kv_ref, write_kv_ref
+from tandem.kernels.reference import gather_kv_ref
+
+
+@dataclass(frozen=True)
+class KVWrites:
+    """Where a step's new K/V go, worked out once for every layer: token rows `rows` (None:
+    all of them, in order) to slot `offsets` of blocks `blocks`."""
+
+    rows: torch.Tensor | None  # [W] int64
+    blocks: torch.Tensor  # [W] int64
+    offsets: torch.Tensor  # [W] int64
+
+    @classmethod
+    def of(cls, slot_mapping: np.ndarray, block_size: int, device: torch.device) -> KVWrites:
+        """From the step's slots (negative: not written)."""
+        keep = np.flatnonzero(slot_mapping >= 0)
+        rows = None if len(keep) == len(slot_mapping) else torch.from_numpy(keep).to(device)
+        slots = slot_mapping[keep]
+        return cls(
+            rows,
+            torch.from_numpy(slots // block_size).to(device),
+            torch.from_numpy(slots % block_size).to(device),
+        )
+
+    def write(
+        self,
+        key: torch.Tensor,  # [T, Hkv, D]
+        value: torch.Tensor,  # [T, Hkv, D]
+        kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D], written in place
+    ) -> None:
+        if self.rows is not None:
+            key, value = key[self.rows], value[self.rows]
+        kv_layer[self.blocks, 0, self.offsets] = key.to(kv_layer.dtype)
+        kv_layer[self.blocks, 1, self.offsets] = value.to(kv_layer.dtype)
 
 
 @dataclass(frozen=True)
 class DecodeGroup:
-    token_idx: torch.Tensor  # [Bg] int64: rows of the flat batch
+    # [Bg] int64: rows of the flat batch; None when the group is rows 0..Bg-1 in order
+    token_idx: torch.Tensor | None
     block_tables: torch.Tensor  # [Bg, MBg] int
     mask: torch.Tensor  # [Bg, 1, 1, MBg * bs] additive: 0 where key j < seq_len, else -inf
 
@@ -40,7 +74,7 @@ class PrefillSlice:
 
 @dataclass(frozen=True)
 class TorchAttentionMetadata:
-    slot_mapping: torch.Tensor  # [T] int64
+    writes: KVWrites
     decodes: tuple[DecodeGroup, ...]
     prefills: tuple[PrefillSlice, ...]
 
@@ -71,8 +105,9 @@ class TorchAttentionBackend(AttentionBackend):
         decode = decode[np.argsort(common.seq_lens_cpu[decode], kind="stable")]
         size = self.decode_group_size
         groups = [decode[i : i + size] for i in range(0, len(decode), size)]
+        slots = common.slot_mapping.cpu().numpy()  # a host copy: no-op on the CPU
         return TorchAttentionMetadata(
-            slot_mapping=common.slot_mapping,
+            writes=KVWrites.of(slots, self.block_size, device),
             decodes=tuple(self._decode_group(common, g, device) for g in groups),
             prefills=tuple(
                 self._prefill_slice(common, int(b), device) for b in np.flatnonzero(query_lens > 1)
@@ -86,12 +121,13 @@ class TorchAttentionBackend(AttentionBackend):
         num_blocks = -(-int(seq_lens.max()) // self.block_size)
         tables = np.ascontiguousarray(common.block_tables_cpu[rows, :num_blocks])
         token_idx = common.query_start_loc_cpu[rows].astype(np.int64)
+        in_order = np.array_equal(token_idx, np.arange(len(rows)))
         keys = np.arange(num_blocks * self.block_size)
         mask = keys < seq_lens[:, None]
         if self.sliding_window:
             mask &= keys >= seq_lens[:, None] - self.sliding_window
         return DecodeGroup(
-            token_idx=torch.from_numpy(token_idx).to(device),
+            token_idx=None if in_order else torch.from_numpy(token_idx).to(device),
             block_tables=torch.from_numpy(tables).to(device),
             mask=self._additive(mask[:, None, None], device),
         )
@@ -133,17 +169,18 @@ class TorchAttentionBackend(AttentionBackend):
         metadata: TorchAttentionMetadata,
         scale: float,
     ) -> torch.Tensor:  # [T, Hq, D]
-        write_kv_ref(key, value, kv_layer, metadata.slot_mapping)
+        metadata.writes.write(key, value, kv_layer)
         out = torch.empty_like(query)
         num_kv_heads, head_dim = key.shape[1], key.shape[2]
         group = query.shape[1] // num_kv_heads
         for g in metadata.decodes:
             k, v = self._gather(kv_layer, g.block_tables)  # [Bg, S, Hkv, D]
-            q = query[g.token_idx].view(-1, num_kv_heads, group, head_dim)  # [Bg, Hkv, G, D]
+            rows = slice(0, len(g.block_tables)) if g.token_idx is None else g.token_idx
+            q = query[rows].view(-1, num_kv_heads, group, head_dim)  # [Bg, Hkv, G, D]
             o = F.scaled_dot_product_attention(
                 q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=g.mask, scale=scale
             )  # [Bg, Hkv, G, D]
-            out[g.token_idx] = o.reshape(-1, num_kv_heads * group, head_dim)
+            out[rows] = o.reshape(-1, num_kv_heads * group, head_dim)
         for p in metadata.prefills:
             if p.mask is None:
                 k, v = key[None, p.start : p.end], value[None, p.start : p.end]
