@@ -7,11 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tandem.engine import LLM, SamplingParams
-from tandem.engine.attention.backend import AttentionBatch
+from tandem.engine import LLM
 from tandem.engine.core.config import ModelConfig, cpu_has_bf16, resolve_dtype
-from tandem.engine.core.request import Request
-from tandem.engine.core.step_planner import StepPlanner
 from tandem.engine.exec.loader import load_weights
 from tandem.engine.models.llama import LlamaForCausalLM
 from tandem.engine.models.prepacked import (
@@ -21,6 +18,7 @@ from tandem.engine.models.prepacked import (
     prepack_linears,
     weight_bytes,
 )
+from tests.engine.forward import prompt_logits
 
 needs_onednn = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN"
@@ -116,26 +114,12 @@ def test_bf16_logits_are_float32_logits_within_bf16_rounding(model_dirs, arch):
     eps / 2 each, some 30 such roundings in a row): the logits' error is a few eps of
     their spread (5 eps for llama, 2.3 for qwen3, measured on an AVX512-BF16 EPYC). A wrong
     weight, table or kernel is an error of the order of the spread itself (above 0.5)."""
-    logits = {dtype: prompt_logits(model_dirs[arch], dtype) for dtype in ("float32", "bfloat16")}
+    logits = {}
+    for dtype in ("float32", "bfloat16"):
+        engine = LLM(str(model_dirs[arch]), dtype=dtype, num_kv_blocks=32, kernels="torch").engine
+        prompt = [(7 * i) % (engine.config.model.vocab_size - 5) + 5 for i in range(180)]
+        logits[dtype] = prompt_logits(engine, prompt)
     ref = logits["float32"] - logits["float32"].mean(-1, keepdim=True)
     got = logits["bfloat16"] - logits["bfloat16"].mean(-1, keepdim=True)
     relative = ((got - ref).norm() / ref.norm()).item()
     assert relative < 16 * torch.finfo(torch.bfloat16).eps, relative
-
-
-def prompt_logits(model_dir, dtype: str) -> torch.Tensor:
-    """[T, V] float32 logits of every position of one prompt, through the engine's runner."""
-    engine = LLM(str(model_dir), dtype=dtype, num_kv_blocks=32, kernels="torch").engine
-    prompt = [(7 * i) % (engine.config.model.vocab_size - 5) + 5 for i in range(180)]
-    request = Request("logits", prompt, SamplingParams())
-    assert engine.kv.allocate_slots(request, len(prompt)) is not None
-    plan = StepPlanner(engine.kv).plan([request], [len(prompt)])
-    runner = engine.runner
-    with torch.inference_mode():
-        batch, _ = runner._prepare(plan)
-        input_ids, positions = batch.model_inputs(runner.device)
-        attn = AttentionBatch(
-            runner.backend, runner.backend.build(batch.attention_metadata(runner.device))
-        )
-        hidden = runner.model(input_ids, positions, runner.kv_cache, attn)
-        return runner.model.compute_logits(hidden)

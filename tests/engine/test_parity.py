@@ -14,10 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tandem.engine import LLM, SamplingParams
-from tandem.engine.attention.backend import AttentionBatch
-from tandem.engine.core.request import Request
-from tandem.engine.core.step_planner import StepPlanner
 from tandem.engine.tiny_model import ARCHS, make_model
+from tests.engine.forward import prompt_logits
 from tests.greedy import assert_greedy_agrees, logit_rounding
 
 PROMPT_LENS = [1, 2, 17, 33, 64, 100, 180, 300]
@@ -138,23 +136,12 @@ def test_one_forward_pass_logits_close(model_dirs, arch, device, kernels):
     llm = LLM(
         str(model_dirs[arch]), num_kv_blocks=32, device=device, dtype="float32", kernels=kernels
     )
-    engine = llm.engine
-    prompt = prompts(engine.config.model.vocab_size)[6]  # 180 tokens, many blocks
-    request = Request("logits", prompt, SamplingParams())
-    assert engine.kv.allocate_slots(request, len(prompt)) is not None
-    plan = StepPlanner(engine.kv).plan([request], [len(prompt)])
-    runner = engine.runner
+    prompt = prompts(llm.engine.config.model.vocab_size)[6]  # 180 tokens, many blocks
+    ours = prompt_logits(llm.engine, prompt)  # [T, V]
     with torch.inference_mode():
-        batch, _ = runner._prepare(plan)
-        input_ids, positions = batch.model_inputs(runner.device)
-        common = batch.attention_metadata(runner.device)
-        attn = AttentionBatch(runner.backend, runner.backend.build(common))
-        hidden = runner.model(input_ids, positions, runner.kv_cache, attn)
-        ours = runner.model.compute_logits(hidden)  # [T, V]
         theirs = hf_model(model_dirs[arch], device)(torch.tensor([prompt], device=device))
         theirs = theirs.logits[0]
     # Other kernels, summing in another order (which ones depends on the CPU): the logits
     # agree within float32 rounding of the whole model, a bound on every logit alike.
     atol = logit_rounding(len(prompt), scale=theirs.abs().max().item())
     torch.testing.assert_close(ours, theirs, rtol=0, atol=atol)
-    engine.kv.free(request)
