@@ -146,6 +146,7 @@ def run_guidellm(guidellm: Path, spec: dict, out: Path) -> Point:
         [*command, "--disable-progress"],
         check=True,
         stdout=subprocess.DEVNULL,
+        stderr=out.with_suffix(".log").open("w"),
         cwd=tempfile.gettempdir(),
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
@@ -154,7 +155,7 @@ def run_guidellm(guidellm: Path, spec: dict, out: Path) -> Point:
 
 def read_point(bench: dict) -> Point:
     m = bench["metrics"]
-    tokens = m["output_token_count"]["successful"]["total_sum"]
+    tokens = m["output_token_count"]["total"]["total_sum"]  # with those of unfinished requests
     totals = m["request_totals"]
     return Point(
         output_tok_s=tokens / bench["duration"],

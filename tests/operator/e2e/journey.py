@@ -160,7 +160,10 @@ def llm_deployment(name: str, namespace: str, image: str) -> dict[str, Any]:
         "apiVersion": "tandem.dev/v1alpha1", "kind": "LLMDeployment",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "model": {"name": MODEL_NAME,
+            # float32: a greedy stream is compared with a greedy reply exactly, and `auto` is
+            # bfloat16 on CPUs with AVX512-BF16, where the prefix cache's other path may
+            # round them apart at a near-tie
+            "model": {"name": MODEL_NAME, "dtype": "float32",
                       "source": {"pvc": {"claimName": "models", "path": MODEL_FOLDER}}},
             "image": image,
             # SmolLM2's template shows no tool-call format: the user names one
