@@ -37,7 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="per node")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per node")
+    parser.add_argument(
+        "--threads", type=int, default=None,
+        help="torch threads per node (default: the CPUs this process may run on, shared "
+        "evenly by the prefill and decode nodes, at least 1)",
+    )  # fmt: skip
     parser.add_argument(
         "--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
         help="the nodes' dtype (auto: the checkpoint's on a GPU; on the CPU bfloat16 where it "
@@ -107,10 +111,17 @@ def decode_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
+def node_threads(num_nodes: int) -> int:
+    """Each node's share of the CPUs this process may run on (its affinity, as a container's
+    cpuset sets it): one process per core, not every node spinning on every core."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, num_nodes))
+
+
 def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     """The command line of every child: prefill nodes, decode nodes, then the router."""
     python = [sys.executable, "-P", "-m"]
-    common = ["--model", str(model), "--threads", str(args.threads), "--log-level", args.log_level]
+    threads = args.threads or node_threads(args.prefill + args.decode)
+    common = ["--model", str(model), "--threads", str(threads), "--log-level", args.log_level]
     common += ["--dtype", args.dtype]
     for flag in ("max_model_len", "num_kv_blocks", "otlp_traces_endpoint"):
         if getattr(args, flag, None) is not None:

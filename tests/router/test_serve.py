@@ -138,3 +138,21 @@ def test_tandem_serve_gives_every_node_its_dtype(flags, dtype):
         assert node.cmd[node.cmd.index("--dtype") + 1] == dtype
     with pytest.raises(SystemExit):
         parser.parse_args(["--dtype", "float8"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "nodes"), [(["--prefill", "0"], 1), ([], 2), (["--prefill", "3", "--decode", "2"], 5)]
+)
+def test_tandem_serve_shares_the_cpus_among_its_nodes(flags, nodes):
+    import argparse
+    import os
+
+    from tandem.router.serve import add_arguments, plan
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    expected = max(1, len(os.sched_getaffinity(0)) // nodes)
+    for args, threads in ((flags, expected), ([*flags, "--threads", "3"], 3)):
+        children = [c for c in plan(parser.parse_args(args), Path("model")) if c.name != "router"]
+        assert len(children) == nodes
+        assert {c.cmd[c.cmd.index("--threads") + 1] for c in children} == {str(threads)}
