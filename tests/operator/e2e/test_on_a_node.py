@@ -244,7 +244,7 @@ def test_greedy_output_equals_tandem_serve_on_the_same_model(client, tmp_path):
     log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "tandem.cli", "serve", "--model", str(model),
-         "--port", str(port)],
+         "--port", str(port), "--dtype", "float32"],  # the journey's dtype
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
