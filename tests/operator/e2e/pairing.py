@@ -44,6 +44,7 @@ class Pairings:
         self.pairs: dict[str, tuple[str, str]] = {}
         self.revisions: dict[str, str] = {}
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Pairings:
@@ -62,6 +63,11 @@ class Pairings:
             if self.revisions[prefill] != self.revisions.get(decode, self.revisions[prefill])
         ]
 
+    def served_revisions(self) -> set[str]:
+        """The revisions of the prefill pods of the pairs read so far."""
+        with self._lock:
+            return {self.revisions[prefill] for prefill, _ in self.pairs.values()}
+
     def unknown(self) -> set[str]:
         """Decode pods named in a prefill log whose revision was never read."""
         return {decode for _, decode in self.pairs.values()} - set(self.revisions)
@@ -75,10 +81,16 @@ class Pairings:
 
     def poll(self) -> None:
         s = self.served
-        for role in ("prefill", "decode"):
-            for pod in s.pods(role):
-                self.revisions[pod["metadata"]["name"]] = pod["metadata"]["labels"][REVISION]
-        for pod in s.pods("prefill"):
-            name = pod["metadata"]["name"]
-            for m in RECEIVED.finditer(pod_log(s.api, s.namespace, name)):
-                self.pairs[m.group(1)] = (name, m.group(2))
+        revisions = {
+            pod["metadata"]["name"]: pod["metadata"]["labels"][REVISION]
+            for role in ("prefill", "decode")
+            for pod in s.pods(role)
+        }
+        pairs = {
+            m.group(1): (name, m.group(2))
+            for name in (pod["metadata"]["name"] for pod in s.pods("prefill"))
+            for m in RECEIVED.finditer(pod_log(s.api, s.namespace, name))
+        }
+        with self._lock:
+            self.revisions.update(revisions)
+            self.pairs.update(pairs)

@@ -268,13 +268,16 @@ def test_a_spec_change_rolls_a_new_revision_under_load_with_no_failed_request(re
         patch_spec(ready.api, ready.ref(), {"engine": {"maxNumSeqs": 64}})
         assert wait_until(lambda: ready.rolled_from(before), timeout=START_S), ready.resource()
         rolled_s = time.monotonic() - started
+        after = ready.resource()["status"]["revision"]
         served = load.count()
         assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+        # the streams that finish first may be ones the old pods were draining: wait for a
+        # prompt the new revision's prefill pods logged
+        assert wait_until(lambda: after in pairs.served_revisions(), timeout=HANG_S)
     assert load.failures() == [], load.failures()[:3]
     # no prompt prefilled by one revision went on to decode on the other
     assert pairs.mixed() == [] and pairs.unknown() == set()
-    revisions = {pairs.revisions[p] for p, _ in pairs.pairs.values()}
-    assert revisions == {before, ready.resource()["status"]["revision"]}  # both were seen
+    assert pairs.served_revisions() == {before, after}  # both were seen
     report("rollout", {"seconds": round(rolled_s, 1), "requests": load.count(), "failed": 0,
                        "pairs_read": len(pairs.pairs)})  # fmt: skip
 
