@@ -2,9 +2,16 @@
 
 Decoding sequences (one query token) are sorted by context length and attend in batched
 groups, each padded only to its own longest context; prefill chunks attend one sequence at
-a time, so padding never multiplies a long chunk by the batch size. Both run torch's fused
-`scaled_dot_product_attention` on strided views of the gathered K/V; a decode treats its
-GQA group of query heads as G queries of one KV head, so no head is expanded or copied.
+a time, so padding never multiplies a long chunk by the batch size.
+
+A decode group's K/V are gathered head-major (one contiguous [S, D] matrix per KV head and
+sequence) and attended by two batched matmuls around a float32 softmax, its GQA group of
+query heads as G rows against one KV head, so no head is expanded. Torch's fused CPU
+`scaled_dot_product_attention` costs about 15 us per (sequence, KV head) at G = 3 query
+rows: 3-6 times the matmuls at 16 sequences (docs/notes/performance-2026-11-engine.md).
+In bfloat16 the scores leave the matmul rounded to bfloat16 (as in transformers' eager
+attention), then the softmax runs in float32. Prefill chunks run the fused SDPA on strided
+views of the gathered K/V.
 `tandem.kernels.reference.attention_ref` is the plain-math oracle the tests hold this to.
 """
 
@@ -17,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tandem.engine.attention.backend import AttentionBackend, CommonAttentionMetadata
-from tandem.kernels.reference import gather_kv_ref
+from tandem.kernels.reference import gather_kv_by_head, gather_kv_ref
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,13 @@ class DecodeGroup:
     # [Bg] int64: rows of the flat batch; None when the group is rows 0..Bg-1 in order
     token_idx: torch.Tensor | None
     block_tables: torch.Tensor  # [Bg, MBg] int
-    mask: torch.Tensor  # [Bg, 1, 1, MBg * bs] additive: 0 where key j < seq_len, else -inf
+    # additive, 0 where key j < seq_len, else -inf. Batched (Bg > 1): [Bg, 1, MBg * bs]
+    # float32 for the matmuls; one sequence: [1, 1, 1, MBg * bs] in the queries' dtype for SDPA
+    mask: torch.Tensor
+
+    @property
+    def batched(self) -> bool:
+        return len(self.block_tables) > 1
 
 
 @dataclass(frozen=True)
@@ -126,10 +139,15 @@ class TorchAttentionBackend(AttentionBackend):
         mask = keys < seq_lens[:, None]
         if self.sliding_window:
             mask &= keys >= seq_lens[:, None] - self.sliding_window
+        if len(rows) > 1:
+            additive = np.where(mask, np.float32(0), np.float32(-np.inf))[:, None]
+            mask = torch.from_numpy(additive).to(device)
+        else:
+            mask = self._additive(mask[:, None, None], device)
         return DecodeGroup(
             token_idx=None if in_order else torch.from_numpy(token_idx).to(device),
             block_tables=torch.from_numpy(tables).to(device),
-            mask=self._additive(mask[:, None, None], device),
+            mask=mask,
         )
 
     def _prefill_slice(
@@ -174,12 +192,9 @@ class TorchAttentionBackend(AttentionBackend):
         num_kv_heads, head_dim = key.shape[1], key.shape[2]
         group = query.shape[1] // num_kv_heads
         for g in metadata.decodes:
-            k, v = self._gather(kv_layer, g.block_tables)  # [Bg, S, Hkv, D]
             rows = slice(0, len(g.block_tables)) if g.token_idx is None else g.token_idx
             q = query[rows].view(-1, num_kv_heads, group, head_dim)  # [Bg, Hkv, G, D]
-            o = F.scaled_dot_product_attention(
-                q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=g.mask, scale=scale
-            )  # [Bg, Hkv, G, D]
+            o = self._decode(q, kv_layer, g, scale)  # [Bg, Hkv, G, D]
             out[rows] = o.reshape(-1, num_kv_heads * group, head_dim)
         for p in metadata.prefills:
             if p.mask is None:
@@ -199,14 +214,44 @@ class TorchAttentionBackend(AttentionBackend):
             out[p.start : p.end] = o[0].transpose(0, 1)
         return out
 
+    def _decode(
+        self,
+        q: torch.Tensor,  # [Bg, Hkv, G, D]
+        kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+        g: DecodeGroup,
+        scale: float,
+    ) -> torch.Tensor:  # [Bg, Hkv, G, D]
+        """Batched matmuls for a group of sequences; fused SDPA for one sequence alone, where
+        the matmuls' extra small ops cost more than SDPA's per-head overhead saves."""
+        if not g.batched:
+            k, v = self._gather(kv_layer, g.block_tables)  # [1, S, Hkv, D]
+            return F.scaled_dot_product_attention(
+                q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=g.mask, scale=scale
+            )
+        k, v = gather_kv_by_head(
+            kv_layer, g.block_tables, self._workspace_for(kv_layer, g.block_tables)
+        )
+        num_kv_heads, num_seqs, num_keys, head_dim = k.shape
+        group = q.shape[2]
+        q = q.transpose(0, 1).reshape(num_kv_heads * num_seqs, group, head_dim)
+        scores = torch.bmm(q, k.view(-1, num_keys, head_dim).transpose(1, 2)).float()
+        scores = scores.view(num_kv_heads, num_seqs, group, num_keys).mul_(scale).add_(g.mask)
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)  # [Hkv, Bg, G, S]
+        o = torch.bmm(probs.view(-1, group, num_keys), v.view(-1, num_keys, head_dim))
+        return o.view(num_kv_heads, num_seqs, group, head_dim).transpose(0, 1)
+
     def _gather(
         self,
         kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
         block_tables: torch.Tensor,  # [B, MB]
     ) -> tuple[torch.Tensor, torch.Tensor]:  # two [B, MB * bs, Hkv, D] views of the workspace
+        return gather_kv_ref(kv_layer, block_tables, self._workspace_for(kv_layer, block_tables))
+
+    def _workspace_for(self, kv_layer: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+        """The reused gather buffer, grown (doubling) to hold K and V of `block_tables`."""
         needed = 2 * block_tables.numel() * kv_layer[0, 0].numel()
         ws = self._workspace
         if ws.numel() < needed or ws.dtype != kv_layer.dtype or ws.device != kv_layer.device:
             size = max(needed, 2 * ws.numel() if ws.dtype == kv_layer.dtype else 0)
             self._workspace = ws = torch.empty(size, dtype=kv_layer.dtype, device=kv_layer.device)
-        return gather_kv_ref(kv_layer, block_tables, ws)
+        return ws

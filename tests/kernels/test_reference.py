@@ -12,6 +12,7 @@ from tandem.engine.attention.torch_backend import TorchAttentionBackend
 from tandem.kernels.reference import (
     _joint_heads,
     attention_ref,
+    gather_kv_by_head,
     gather_kv_ref,
     rotary_ref,
     write_kv_ref,
@@ -56,6 +57,51 @@ def test_gather_into_a_workspace_matches_a_fresh_gather():
     # both are views of the workspace, not new memory
     assert k.untyped_storage().data_ptr() == workspace.untyped_storage().data_ptr()
     assert v.data_ptr() == k.data_ptr() + k.numel() * k.element_size()
+
+
+def test_gather_by_head_lays_each_head_of_each_sequence_out_contiguously():
+    torch.manual_seed(0)
+    kv_layer = torch.randn(10, 2, 4, 3, 5)  # [N, 2, bs, Hkv, D]
+    tables = torch.tensor([[7, 2, 9], [0, 5, 5]])
+    workspace = torch.full((2 * 6 * 4 * 3 * 5 + 7,), float("nan"))
+    k, v = gather_kv_by_head(kv_layer, tables, workspace)  # [Hkv, B, S, D]
+    k_ref, v_ref = gather_kv_ref(kv_layer, tables)  # [B, S, Hkv, D]
+    assert torch.equal(k, k_ref.permute(2, 0, 1, 3)) and torch.equal(v, v_ref.permute(2, 0, 1, 3))
+    assert k.is_contiguous() and v.is_contiguous()
+    assert k.data_ptr() == workspace.data_ptr()  # views of the workspace
+
+
+@pytest.mark.parametrize("decode_group_size", [1, 16])  # SDPA alone; the batched matmuls
+def test_bf16_decode_is_float64_attention_within_bf16_rounding(decode_group_size):
+    """bf16 decode against float64 attention over the same bf16 values. The batched path
+    rounds each score to bf16 (relative 2**-8) and the probabilities too: with |s| the
+    largest scaled score and |v| the largest value, the output moves by at most about
+    (2 |s| + 2) 2**-8 |v|, plus its own rounding. A wrong block or mask moves it by O(|v|)."""
+    torch.manual_seed(0)
+    bf16, num_heads, num_kv_heads, head_dim, block_size = torch.bfloat16, 6, 2, 16, 4
+    seq_lens = np.array([9, 3, 17, 12, 6], dtype=np.int32)
+    tables = torch.randperm(40)[: 5 * 5].view(5, 5).to(torch.int32)
+    kv_layer = torch.randn(40, 2, block_size, num_kv_heads, head_dim).to(bf16)
+    q = torch.randn(5, num_heads, head_dim).to(bf16)
+    slots = tables[torch.arange(5), (seq_lens - 1) // block_size] * block_size
+    slots = (slots + torch.from_numpy((seq_lens - 1) % block_size)).long()
+    new_k = kv_layer[slots // block_size, 0, slots % block_size]  # rewrite what is there
+    new_v = kv_layer[slots // block_size, 1, slots % block_size]
+    common = CommonAttentionMetadata.from_host(
+        np.arange(6, dtype=np.int32), seq_lens, tables.numpy(), slots.numpy(), torch.device("cpu")
+    )
+    backend = TorchAttentionBackend(block_size, decode_group_size, dtype=bf16)
+    out = backend.forward(q, new_k, new_v, kv_layer, backend.build(common), scale=0.25)
+    k, v = gather_kv_ref(kv_layer, tables)  # [B, S, Hkv, D]
+    for b, n in enumerate(seq_lens.tolist()):
+        qb, kb, vb = q[b : b + 1].double(), k[b, :n].double(), v[b, :n].double()
+        expected = dense_attention(qb, kb, vb, scale=0.25)[0]
+        group = num_heads // num_kv_heads
+        biggest = (
+            qb[0, :, None] @ kb.repeat_interleave(group, 1).permute(1, 2, 0)
+        ).abs().max() * 0.25
+        bound = ((2 * biggest + 2) * 2**-8 + 2**-8) * vb.abs().max()
+        assert (out[b].double() - expected).abs().max() <= bound
 
 
 def test_rotary_matches_transformers():
@@ -107,7 +153,7 @@ def test_rotary_joins_query_and_key_only_when_they_tile_each_row():
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (8, 1)])
 @pytest.mark.parametrize("block_size", [4, 16])
-@pytest.mark.parametrize("decode_group_size", [2, 16])
+@pytest.mark.parametrize("decode_group_size", [2, 3, 16])  # 3: groups of 3 and 1
 def test_backend_on_a_mixed_batch_with_scattered_blocks(
     num_heads, num_kv_heads, block_size, decode_group_size
 ):
