@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem.engine.core.block_hash import hash_blocks
 from tandem.engine.core.config import SchedulerConfig
@@ -37,6 +37,9 @@ from tandem.sim.step_model import StepTimeModel
 from tandem.sim.step_spread import StepSpread
 from tandem.sim.transfer_model import TransferModel
 from tandem.sim.workload import SimRequest
+
+if TYPE_CHECKING:
+    from tandem.sim.slo_watch import SLOWatch
 
 
 @dataclass(frozen=True)
@@ -140,8 +143,11 @@ class Cluster:
         profile: DeviceProfile,
         seed: int = 0,
         faults: Faults | None = None,
+        watch: SLOWatch | None = None,
     ) -> None:
+        """`watch`: stops the run once the SLOs are lost (`tandem plan`)."""
         self.config = config
+        self.watch = watch
         self.shape = shape
         self.profile = profile
         self.faults = faults or Faults()
@@ -234,6 +240,9 @@ class Cluster:
         hashes = hash_blocks(token_ids, self.config.block_size)
         record = RequestRecord(r.request_id, self.events.now, len(token_ids), r.num_output_tokens)
         self.records[r.request_id] = record
+        if self.watch:
+            due = self.watch.first_token_deadline(record)
+            self.events.at(due, self._due, self.watch.first_token_due, record)
         live = _Live(record, Prompt(token_ids, None, tuple(hashes)), r.num_output_tokens)
         self._live[r.request_id] = live
         self.client_process.submit(self.profile.host_client_request_s, self._to_router, live)
@@ -418,8 +427,22 @@ class Cluster:
         for record, last in taken:
             if record.first_token_s is None:
                 record.first_token_s = now
+                if self.watch:
+                    self.watch.first_token(record)
+                    if (due := self.watch.last_token_deadline(record)) is not None:
+                        self.events.at(due, self._due, self.watch.last_token_due, record)
             if last:
                 record.finish_s = record.ended_s = now
+                if self.watch:
+                    self.watch.finished(record)
+        if self.watch and self.watch.lost:
+            self.events.stop()
+
+    def _due(self, check: Callable[[RequestRecord], None], record: RequestRecord) -> None:
+        """A deadline of the SLO watch: `check` counts the request if it has not got there."""
+        check(record)
+        if self.watch and self.watch.lost:
+            self.events.stop()
 
     def on_end(self, node: SimDecode, request_id: str, outcome: str) -> None:
         """The decode node ended the request without finishing it: `error` is an error
@@ -437,6 +460,9 @@ class Cluster:
     def _end(self, live: _Live, outcome: str, now: float) -> None:
         """The router's view: the request is over, its in-flight counts go."""
         live.record.outcome, live.record.ended_s = outcome, now
+        if self.watch and outcome != "finished":
+            self.watch.ended_unfinished()
+            self.events.stop()
         if live.clock is not None:
             live.record.phases = live.clock.phases()
         self._uncount(live)

@@ -17,6 +17,7 @@ class EventQueue:
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._seq = 0
         self.num_events = 0
+        self.stopped = False
 
     def at(self, time: float, callback: Callable[..., None], *args: Any) -> None:
         """Run `callback(*args)` at simulated `time` (never before now)."""
@@ -28,10 +29,15 @@ class EventQueue:
     def after(self, delay: float, callback: Callable[..., None], *args: Any) -> None:
         self.at(self.now + delay, callback, *args)
 
+    def stop(self) -> None:
+        """End `run` after the current event; what is left is never run."""
+        self.stopped = True
+
     def run(self, until: float = float("inf")) -> None:
-        """Process events in time order until none is left or the next is after `until`."""
+        """Process events in time order until none is left, the next is after `until`, or
+        `stop` was called."""
         heap = self._heap
-        while heap and heap[0][0] <= until:
+        while heap and heap[0][0] <= until and not self.stopped:
             time, _, callback, args = heapq.heappop(heap)
             self.now = time
             self.num_events += 1

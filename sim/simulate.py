@@ -12,6 +12,7 @@ from tandem.sim.faults import Faults
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import ModelShape
+from tandem.sim.slo_watch import SLOWatch
 from tandem.sim.workload import SimRequest, fit_lengths, scale_load
 
 
@@ -23,11 +24,18 @@ def simulate(
     slo: SLO,
     faults: Faults | None = None,
     seed: int = 0,
+    attainment: float | None = None,
 ) -> dict[str, Any]:
-    """Run the workload on a fresh cluster; the summary, with the wall time it took."""
+    """Run the workload on a fresh cluster; the summary, with the wall time it took. With
+    `attainment`, the run stops as soon as the SLOs cannot be met at that share
+    (`stopped_early` in the summary; its figures are those of the requests seen so far)."""
     start = time.perf_counter()
-    cluster, records = run_cluster(config, shape, profile, requests, faults, seed)
+    fitted = fit_lengths(requests, config.max_model_len)
+    watch = None if attainment is None else SLOWatch(slo, attainment, len(fitted))
+    cluster, records = run_cluster(config, shape, profile, fitted, faults, seed, watch)
     summary = summarize(cluster, records, slo)
+    summary["stopped_early"] = cluster.events.stopped
+    summary["num_events"] = cluster.events.num_events
     summary["wall_s"] = time.perf_counter() - start
     return summary
 
@@ -39,11 +47,12 @@ def run_cluster(
     requests: Sequence[SimRequest],
     faults: Faults | None = None,
     seed: int = 0,
+    watch: SLOWatch | None = None,
 ) -> tuple[Cluster, list[RequestRecord]]:
     """Run the workload on a fresh cluster, its KV invariants checked at the end; the
     cluster and the requests' records, in arrival order. `seed`: the cluster's draws (the
     steps' spread, where the profile has one)."""
-    cluster = Cluster(config, shape, profile, seed, faults)
+    cluster = Cluster(config, shape, profile, seed, faults, watch)
     records = cluster.run(fit_lengths(requests, config.max_model_len))
     cluster.check_integrity()
     return cluster, records
