@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from tandem.sim.cluster import ClusterConfig
+from tandem.sim.plan_pool import CandidatePool
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.results import SLO
 from tandem.sim.shapes import ModelShape
@@ -86,13 +87,15 @@ def evaluate(
     slo: SLO,
     attainment: float,
 ) -> Candidate | None:
-    """Simulate one candidate; None when the model does not fit its devices."""
+    """Simulate one candidate, stopped as soon as it cannot meet the SLOs; None when the
+    model does not fit its devices."""
     try:
-        summary = simulate(config, shape, profile, requests, slo)
+        summary = simulate(config, shape, profile, requests, slo, attainment=attainment)
     except ValueError:
         return None
     finished = summary["num_finished"] == summary["num_requests"]
-    summary["meets_slo"] = finished and summary["slo"]["attained"] >= attainment
+    met = finished and summary["slo"]["attained"] >= attainment
+    summary["meets_slo"] = met and not summary["stopped_early"]
     return Candidate(config, summary)
 
 
@@ -104,22 +107,32 @@ def search(
     slo: SLO,
     space: SearchSpace,
     log=print,
+    jobs: int = 1,
 ) -> tuple[Candidate | None, list[Candidate]]:
-    """(the cheapest candidate meeting the SLOs or None, every candidate simulated)."""
+    """(the cheapest candidate meeting the SLOs or None, every candidate simulated); `jobs`
+    candidates of a device count are simulated at once, each in a process of its own."""
+    requests = materialized(requests)
     tried: list[Candidate] = []
-    for devices in range(1, space.max_devices + 1):
-        winners = []
-        for config in candidates(base, space, devices):
-            found = evaluate(config, shape, profile, requests, slo, space.attainment)
-            if found is None:
-                continue
-            tried.append(found)
-            log(describe(found))
-            if found.meets:
-                winners.append(found)
-        if winners:
-            return max(winners, key=lambda c: c.summary["goodput_rps"]), tried
+    with CandidatePool(shape, profile, requests, slo, space.attainment, jobs) as pool:
+        for devices in range(1, space.max_devices + 1):
+            found = [c for c in pool.evaluate_all(list(candidates(base, space, devices))) if c]
+            for c in found:
+                log(describe(c))
+            tried.extend(found)
+            winners = [c for c in found if c.meets]
+            if winners:
+                return max(winners, key=lambda c: c.summary["goodput_rps"]), tried
     return None, tried
+
+
+def materialized(requests: Sequence[SimRequest]) -> list[SimRequest]:
+    """The requests with their prompts' token ids drawn once: a workload's prompts are
+    otherwise drawn anew at each arrival (`SimRequest.token_ids`), in every candidate's
+    run, which was half of a candidate's time on a trace of long prompts."""
+    return [
+        SimRequest.of_tokens(r.request_id, r.arrival_s, r.token_ids(), r.num_output_tokens)
+        for r in requests
+    ]
 
 
 def describe(c: Candidate) -> str:
@@ -130,6 +143,11 @@ def describe(c: Candidate) -> str:
         if cfg.num_prefill
         else f"aggregated {cfg.num_decode}x TP{cfg.tp_decode}"
     )
+    if s.get("stopped_early"):
+        return (
+            f"{cfg.num_devices} devices, {layout}: SLOs lost after {s['num_finished']} of "
+            f"{s['num_requests']} arrived requests finished (simulation stopped)"
+        )
     return (
         f"{cfg.num_devices} devices, {layout}: SLO met by {100 * s['slo']['attained']:.0f}%, "
         f"goodput {s['goodput_rps']:.2f} req/s, TTFT p90 {s['ttft_s']['p90']:.3f} s, "

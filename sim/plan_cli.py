@@ -4,10 +4,12 @@ rate, searched with the simulator; prints its predicted figures and an `LLMDeplo
 from __future__ import annotations
 
 import argparse
+import time
 
 from tandem.sim.args import add_common_arguments, model_and_device, slo, workload
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.plan import SearchSpace, deployment_yaml, describe, search
+from tandem.sim.plan_pool import default_jobs
 from tandem.sim.workload import scale_load
 
 
@@ -35,12 +37,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="kv-aware")
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
     p.add_argument("--yaml", default=None, help="write the LLMDeployment here too")
+    p.add_argument(
+        "--jobs", type=int, default=default_jobs(), help="candidates simulated at once (CPUs)"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
     shape, profile = model_and_device(args)
     if args.target_rate <= 0 or not 0 < args.attainment <= 1 or args.max_devices < 1:
         raise SystemExit("error: need --target-rate > 0, 0 < --attainment <= 1, --max-devices >= 1")
+    if args.jobs < 1:
+        raise SystemExit("error: need --jobs >= 1")
     requests = workload(args, shape.vocab_size)
     span = max(r.arrival_s for r in requests) - min(r.arrival_s for r in requests)
     if span > 0:  # replay the workload at the target rate
@@ -51,7 +58,9 @@ def run(args: argparse.Namespace) -> None:
     space = SearchSpace(
         args.tp, args.thresholds, args.max_devices, args.attainment, args.tp_prefill, args.tp_decode
     )
-    best, tried = search(base, shape, profile, requests, slo(args), space)
+    started = time.perf_counter()
+    best, tried = search(base, shape, profile, requests, slo(args), space, jobs=args.jobs)
+    print(f"searched {len(tried)} candidates in {time.perf_counter() - started:.1f} s")
     if best is None:
         raise SystemExit(
             f"no deployment of up to {args.max_devices} {profile.name} devices meets the SLOs "

@@ -13,6 +13,7 @@ from tandem.sim.plan import Candidate, SearchSpace, candidates, deployment_yaml,
 from tandem.sim.profiles import load_profile
 from tandem.sim.results import SLO
 from tandem.sim.shapes import SHAPES
+from tandem.sim.simulate import simulate
 from tandem.sim.workload import synthetic
 from tests.sim.test_cli import tandem
 
@@ -81,6 +82,32 @@ def test_the_search_takes_the_fewest_devices_that_meet_the_slos_and_the_best_of_
         base, SHAPE, H100, busy_workload(), SLO(1e-4, 1e-4), ONE_TP, log=lambda _: None
     )
     assert none is None and max(c.config.num_devices for c in tried) == ONE_TP.max_devices
+
+
+def test_a_candidate_stopped_early_is_one_the_whole_run_says_misses_the_slos():
+    """The search stops a simulation once its SLOs are lost; each verdict, and the winner's
+    figures, are those of the whole run."""
+    base, requests = ClusterConfig(max_model_len=4096), busy_workload()
+    best, tried = search(base, SHAPE, H100, requests, TIGHT, ONE_TP, log=lambda _: None)
+    stopped = [c for c in tried if c.summary["stopped_early"]]
+    assert stopped and best is not None and not best.summary["stopped_early"]
+    for c in tried:
+        whole = simulate(c.config, SHAPE, H100, requests, TIGHT)
+        complete = whole["num_finished"] == whole["num_requests"]
+        assert c.meets == (complete and whole["slo"]["attained"] >= ONE_TP.attainment)
+        if c.summary["stopped_early"]:  # it saved simulated work
+            assert c.summary["num_events"] < whole["num_events"]
+        else:
+            assert c.summary["goodput_rps"] == whole["goodput_rps"]
+
+
+def test_a_search_over_two_processes_finds_what_one_process_finds():
+    base, requests = ClusterConfig(max_model_len=4096), busy_workload()
+    one = search(base, SHAPE, H100, requests, TIGHT, ONE_TP, log=lambda _: None)
+    two = search(base, SHAPE, H100, requests, TIGHT, ONE_TP, log=lambda _: None, jobs=2)
+    assert two[0] is not None and two[0].config == one[0].config
+    assert [(c.config, c.meets) for c in two[1]] == [(c.config, c.meets) for c in one[1]]
+    assert two[0].summary["goodput_rps"] == one[0].summary["goodput_rps"]
 
 
 def test_plan_prints_the_cheapest_deployment_and_writes_its_llmdeployment(tmp_path):
