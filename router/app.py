@@ -185,11 +185,14 @@ class Router:
         tool_use = self.pre.structured.tool_use(req)
         prompt = self.pre.chat_prompt(req, tool_use)
         spec = self.pre.structured.spec(req, tool_use)
+        reasoning = self.pre.reasoning_for(prompt)
+        if reasoning is not None and spec is not None:  # the grammar applies to the answer
+            spec = self.pre.structured.after_reasoning(spec)
         parser = tool_use.parser if tool_use is not None else None
         response_id = f"chatcmpl-{base_id}"
         keep = parser is not None and parser.keeps_special_tokens
         jobs = self._jobs(response_id, req, params, [prompt], spec, keep, _chat_names(req))
-        fmt = ChatFormat(self.pre, req.logprobs, parser)
+        fmt = ChatFormat(self.pre, req.logprobs, parser, reasoning)
         return self._generation(response_id, req, fmt, jobs, [prompt])
 
     def _jobs(
@@ -268,9 +271,11 @@ class Router:
             if (req.prompt is None) == (req.messages is None):
                 raise APIError("give exactly one of prompt and messages", "prompt")
             if req.messages is not None:
+                tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
                 ids = await self.cpu.run(
-                    self.pre.encode_messages, req.messages, req.add_generation_prompt
-                )
+                    self.pre.encode_messages, req.messages, req.add_generation_prompt, None,
+                    tools, req.chat_template_kwargs,
+                )  # fmt: skip
             else:
                 ids = await self.cpu.run(self.pre.tokenize, req.prompt, req.add_special_tokens)
             limits = self.pre.limits

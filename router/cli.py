@@ -23,6 +23,21 @@ def add_tool_call_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# tandem.router.reasoning.REASONING_PARSER_CHOICES, likewise
+REASONING_PARSER_CHOICES = ("auto", "none", "qwen3", "deepseek_r1")
+
+
+def add_reasoning_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSER_CHOICES,
+        default="auto",
+        help="how the model marks its reasoning, sent as reasoning_content (default: found "
+        "from its chat template: none unless it mentions <think>; deepseek_r1 when its "
+        "generation prompt leaves <think> open, else qwen3)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model folder (tokenizer, config.json)")
     parser.add_argument("--served-model-name", default=None, help="model id (default: folder)")
@@ -79,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "behind a load balancer, make it longer than the balancer's idle timeout)",
     )
     add_tool_call_parser(parser)
+    add_reasoning_parser(parser)
     add_tracing_argument(parser)
     parser.add_argument("--log-level", default="info")
 
