@@ -38,6 +38,21 @@ def add_reasoning_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# tandem.router.response_store.DEFAULT_SIZE, likewise
+RESPONSES_STORE_SIZE = 1000
+
+
+def add_responses_store_size(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--responses-store-size",
+        type=int,
+        default=RESPONSES_STORE_SIZE,
+        help="Responses API responses kept for GET /v1/responses/{id} and "
+        "previous_response_id, least recently used out first; in this router's memory "
+        f"only, lost on restart (default: {RESPONSES_STORE_SIZE}; 0 keeps none)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model folder (tokenizer, config.json)")
     parser.add_argument("--served-model-name", default=None, help="model id (default: folder)")
@@ -95,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_tool_call_parser(parser)
     add_reasoning_parser(parser)
+    add_responses_store_size(parser)
     add_tracing_argument(parser)
     parser.add_argument("--log-level", default="info")
 

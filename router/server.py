@@ -44,6 +44,7 @@ def build_router(args: argparse.Namespace) -> Router:
         args.worker_read_timeout,
         args.cpu_workers,
         DeploymentToken.from_env(),
+        args.responses_store_size,
     )
     metrics = RouterMetrics(CollectorRegistry(), name, pod)
     tracing = Tracing("tandem-router", args.otlp_traces_endpoint)
