@@ -77,6 +77,7 @@ def test_items_and_instructions_render_as_the_chat_messages_they_mean(client, qw
          "content": [{"type": "input_text", "text": "Hi"}, {"type": "input_text", "text": "!"}]},
         {"type": "message", "role": "assistant",
          "content": [{"type": "output_text", "text": "Bonjour", "annotations": []}]},
+        {"type": "reasoning", "id": "rs_1", "summary": []},  # accepted, not rendered
         {"role": "user", "content": "And now?"},
     ]  # fmt: skip
     response = client.responses.create(
