@@ -53,13 +53,16 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str
 
 def output_items(message: dict[str, Any], status: str) -> list[dict[str, Any]]:
     """A chat choice's `message` as output items: its reasoning, its content (an empty
-    one only when there is nothing else), its calls; the last item has `status`."""
+    one only when there is nothing else; without its trailing blanks before calls), its
+    calls; the last item has `status`."""
     items = []
     reasoning = message.get("reasoning_content")
     if reasoning:
         items.append(reasoning_item(new_id("rs"), [reasoning_part(reasoning)], "completed"))
     calls = message.get("tool_calls") or []
     content = message.get("content") or ""
+    if calls:  # as streamed: the blanks before a call are held back, then never sent
+        content = content.rstrip()
     if content or not (items or calls):
         items.append(message_item(new_id("msg"), [text_part(content)], "completed"))
     for call in calls:

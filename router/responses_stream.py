@@ -94,8 +94,9 @@ class ResponsesWriter:
             delta = choice["delta"]
             if delta.get("reasoning_content"):
                 texts += self._text("reasoning", delta["reasoning_content"])
-            if delta.get("content"):
-                texts += self._text("message", delta["content"])
+            content = delta.get("content")
+            if content and not (self._called() and content.isspace()):
+                texts += self._text("message", content)
             for entry in delta.get("tool_calls") or []:
                 texts += self._call(entry)
         return texts
@@ -137,6 +138,12 @@ class ResponsesWriter:
             texts.append(self._event("response.function_call_arguments.delta", **self._where(),
                                      delta=fragment))  # fmt: skip
         return texts
+
+    def _called(self) -> bool:
+        """Whether a call began: content after it is only the blanks that ended the text
+        before it (held back while the text grew), which the message, done, goes without."""
+        items = [*self.output, *([] if self.open is None else [{"type": self.open.kind}])]
+        return any(item["type"] == "function_call" for item in items)
 
     def _reopen(self, kind: str) -> list[str]:
         return self._close("completed") + self._open(kind, {})

@@ -1,0 +1,125 @@
+"""`ResponsesWriter` on its own, over Qwen3's real tokenizer with its reasoning and tool-call
+parsers: a reply that reasons, answers and calls (what a random model never writes) is
+streamed piece by piece, and every event must validate against the openai SDK's own event
+types; the streamed response must say what the same reply written whole says."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from openai.types.responses import Response, ResponseStreamEvent
+from pydantic import TypeAdapter
+from transformers import AutoTokenizer
+
+from tandem.router.dispatch import Job
+from tandem.router.errors import UpstreamFailed
+from tandem.router.generation import Generation
+from tandem.router.preprocess import ModelLimits, Preprocessor, Prompt
+from tandem.router.reasoning import Qwen3Parser
+from tandem.router.responses import ChatFormat
+from tandem.router.responses_output import ReasoningCounter
+from tandem.router.responses_stream import ResponsesWriter
+from tests.assets import npm_tokenizer
+
+EVENT = TypeAdapter(ResponseStreamEvent)
+SKELETON = {
+    "id": "resp_1", "object": "response", "created_at": 1, "status": "in_progress",
+    "error": None, "incomplete_details": None, "instructions": None, "metadata": {},
+    "model": "qwen3", "output": [], "parallel_tool_calls": True, "temperature": None,
+    "tool_choice": "auto", "tools": [], "top_p": None, "usage": None,
+}  # fmt: skip
+CALL = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+)
+# the reply in pieces as records bring them: reasoning, an answer, a call in fragments
+PIECES = ["<think>", "Let me", " see.", "</think>", "\n\nThe answer", " is 42.\n",
+          CALL[:14], CALL[14:40], CALL[40:70], CALL[70:]]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pre():
+    tokenizer = AutoTokenizer.from_pretrained(npm_tokenizer("qwen3"))
+    limits = ModelLimits("qwen3", len(tokenizer), 4096, 16, (tokenizer.eos_token_id,))
+    return Preprocessor(tokenizer, limits)
+
+
+def writer(pre, store=None) -> ResponsesWriter:
+    fmt = ChatFormat(pre, False, pre.structured.tool_parser, Qwen3Parser())
+    job = Job("resp_1-0", Prompt([1] * 7, None, ()), {})
+    gen = Generation("resp_1", "qwen3", fmt, [job], [""], 7, False)
+    end_id = pre.tokenizer.get_added_vocab()["</think>"]
+    counter = ReasoningCounter(end_id, lambda text: pre.tokenize(text, False))
+    return ResponsesWriter(gen, SKELETON, [], store, counter)
+
+
+def records(pre) -> list[dict]:
+    out = []
+    for i, piece in enumerate(PIECES):
+        last = i == len(PIECES) - 1
+        out.append({
+            "text": piece, "token_ids": pre.tokenize(piece, False), "logprobs": None,
+            "finish_reason": "stop" if last else None, "stop_reason": None,
+            "usage": {"completion_tokens": 0} if last else None,
+        })  # fmt: skip
+    total = sum(len(r["token_ids"]) for r in out)
+    out[-1]["usage"]["completion_tokens"] = total
+    return out
+
+
+def stream(out: ResponsesWriter, pre, end=None) -> list[dict]:
+    texts = out.start()
+    for record in records(pre):
+        out.gen.states[0].add(record)
+        texts += out.record(0, record)
+    texts += out.done() if end is None else out.failed(end)
+    events = []
+    for text in texts:
+        head, data = text.strip().split("\n")
+        event = json.loads(data.removeprefix("data: "))
+        assert head == f"event: {event['type']}"
+        EVENT.validate_python(event)  # the SDK's own types, strictly
+        events.append(event)
+    return events
+
+
+def test_a_reply_that_reasons_answers_and_calls_streams_as_the_sdk_types_it(pre):
+    events = stream(writer(pre), pre)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    final = Response.model_validate(events[-1]["response"])
+    assert events[-1]["type"] == "response.completed" and final.status == "completed"
+    assert [item.type for item in final.output] == ["reasoning", "message", "function_call"]
+    reasoning, message, call = final.output
+    assert reasoning.content[0].text == "Let me see."
+    assert message.content[0].text == "\n\nThe answer is 42."  # blanks before a call go
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris", "days": 2})
+    added = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == [item.id for item in final.output]
+    deltas = "".join(e["delta"] for e in events if e["type"].endswith("arguments.delta"))
+    assert deltas == call.arguments
+    usage = final.usage
+    thinking = len(pre.tokenize("<think>Let me see.</think>", False))
+    assert usage.output_tokens_details.reasoning_tokens == thinking
+    assert usage.total_tokens == 7 + usage.output_tokens
+
+
+def test_the_stream_ends_as_the_whole_reply_reads(pre):
+    streamed = stream(writer(pre), pre)[-1]["response"]
+    whole_writer = writer(pre)
+    for record in records(pre):
+        whole_writer.gen.states[0].add(record)
+    whole = whole_writer.whole()
+
+    def shape(body):
+        return [{k: v for k, v in item.items() if k not in ("id", "call_id")}
+                for item in body["output"]]  # fmt: skip
+
+    assert shape(streamed) == shape(whole) and streamed["usage"] == whole["usage"]
+
+
+def test_a_failure_mid_stream_ends_in_response_failed(pre):
+    events = stream(writer(pre), pre, UpstreamFailed("decode worker failed mid-stream"))
+    assert events[-1]["type"] == "response.failed"
+    final = Response.model_validate(events[-1]["response"])
+    assert final.status == "failed" and final.error.code == "server_error"
+    assert [item.status for item in final.output][-1] == "incomplete"
