@@ -393,7 +393,7 @@ class AuthAndCount:
             await exc.response()(scope, receive, send_counted)
         finally:
             m = self.router.metrics
-            handler = path if path in _ENDPOINTS else "other"
+            handler = _handler(path)
             m.child(m.requests, handler=handler, status=str(status)).inc()
 
 
@@ -401,6 +401,13 @@ _ENDPOINTS = frozenset(
     ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/tokenize",
      "/detokenize", "/health", "/metrics", "/workers")
 )  # fmt: skip
+
+
+def _handler(path: str) -> str:
+    """The `handler` label of a path: one of the router's, ids left out, else "other"."""
+    if path in _ENDPOINTS:
+        return path
+    return "/v1/responses/{id}" if path.startswith("/v1/responses/") else "other"
 
 
 # The chat API's names of engine fields, where they differ.

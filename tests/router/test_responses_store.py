@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from tandem.router import cli
 from tandem.router.response_store import DEFAULT_SIZE, ResponseStore, StoredResponse
 from tests.bounds import HANG_S
-from tests.disagg.nodes import wait_until
+from tests.disagg.nodes import metric_value, wait_until
 from tests.router.conftest import RouterProc
 
 MODEL = "qwen3"
@@ -32,16 +32,25 @@ def create(client, **extra):
     )
 
 
+def num_requests(serve, status: str) -> float:
+    text = httpx.get(f"{serve.url}/metrics", timeout=HANG_S).text
+    return metric_value(
+        text, "tandem_router_requests_total", handler="/v1/responses/{id}", status=status
+    )
+
+
 def test_retrieve_then_delete_then_404(client, qwen3_serve):
     made = create(client)
     assert client.responses.retrieve(made.id).model_dump() == made.model_dump()
     url = f"{qwen3_serve.url}/v1/responses/{made.id}"
     deleted = httpx.delete(url, timeout=HANG_S)
     assert deleted.json() == {"id": made.id, "object": "response", "deleted": True}
+    before = num_requests(qwen3_serve, "404")
     for method in ("GET", "DELETE"):
         reply = httpx.request(method, url, timeout=HANG_S)
         assert reply.status_code == 404
         assert reply.json()["error"]["type"] == "invalid_request_error"
+    assert wait_until(lambda: num_requests(qwen3_serve, "404") == before + 2)  # ids left out
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(made.id)
     with pytest.raises(openai.NotFoundError):
