@@ -140,6 +140,9 @@ def test_a_router_with_a_store_of_two_forgets_the_oldest(qwen3_serve, qwen3_dir,
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(made[0].id)
         assert [client.responses.retrieve(r.id).id for r in made[1:]] == [r.id for r in made[1:]]
+        client.responses.delete(made[2].id)  # the SDK's delete: no body to read
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(made[2].id)
     finally:
         router.stop()
 
