@@ -5,22 +5,28 @@ types; the streamed response must say what the same reply written whole says."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
+from prometheus_client import CollectorRegistry, generate_latest
 from pydantic import TypeAdapter
 from transformers import AutoTokenizer
 
-from tandem.router.dispatch import Job
+from tandem.router.cpu_pool import CpuPool
+from tandem.router.dispatch import Job, StreamBroken
 from tandem.router.errors import UpstreamFailed
-from tandem.router.generation import Generation
+from tandem.router.generation import Generation, GenerationRunner
+from tandem.router.metrics import RouterMetrics
 from tandem.router.preprocess import ModelLimits, Preprocessor, Prompt
 from tandem.router.reasoning import Qwen3Parser
 from tandem.router.responses import ChatFormat
 from tandem.router.responses_output import ReasoningCounter
 from tandem.router.responses_stream import ResponsesWriter
 from tests.assets import npm_tokenizer
+from tests.disagg.nodes import metric_value
+from tests.router.test_failure_metrics import FAILURES, Connected, ScriptedDispatcher
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 SKELETON = {
@@ -44,13 +50,13 @@ def pre():
     return Preprocessor(tokenizer, limits)
 
 
-def writer(pre, store=None) -> ResponsesWriter:
+def writer(pre, kind: type[ResponsesWriter] = ResponsesWriter) -> ResponsesWriter:
     fmt = ChatFormat(pre, False, pre.structured.tool_parser, Qwen3Parser())
     job = Job("resp_1-0", Prompt([1] * 7, None, ()), {})
     gen = Generation("resp_1", "qwen3", fmt, [job], [""], 7, False)
     end_id = pre.tokenizer.get_added_vocab()["</think>"]
     counter = ReasoningCounter(end_id, lambda text: pre.tokenize(text, False))
-    return ResponsesWriter(gen, SKELETON, [], store, counter)
+    return kind(gen, SKELETON, [], None, counter)
 
 
 def records(pre) -> list[dict]:
@@ -123,3 +129,46 @@ def test_a_failure_mid_stream_ends_in_response_failed(pre):
     final = Response.model_validate(events[-1]["response"])
     assert final.status == "failed" and final.error.code == "server_error"
     assert [item.status for item in final.output][-1] == "incomplete"
+
+
+def through_runner(
+    pre, script: list, kind: type[ResponsesWriter] = ResponsesWriter
+) -> tuple[RouterMetrics, list[dict]]:
+    """The generation run by the router's own runner (a scripted dispatcher for the
+    decode workers), streamed by a writer of `kind`; (metrics, events)."""
+    metrics = RouterMetrics(CollectorRegistry(), "qwen3", "router-0")
+    runner = GenerationRunner(ScriptedDispatcher([script]), metrics, 4, CpuPool(1))
+    out = writer(pre, kind)
+
+    async def go() -> list[str]:
+        response = await runner.respond(lambda: out.gen, True, Connected(), 1, lambda _: out)
+        return [text async for text in response.body_iterator]
+
+    texts = asyncio.run(go())
+    events = [json.loads(text.strip().split("\n")[1].removeprefix("data: ")) for text in texts]
+    for event in events:
+        EVENT.validate_python(event)
+    return metrics, events
+
+
+def test_a_decode_worker_lost_mid_stream_fails_the_response_and_is_counted(pre):
+    script = [*records(pre)[:5], StreamBroken("decode worker failed mid-stream")]
+    metrics, events = through_runner(pre, script)
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"]["message"] == "decode worker failed mid-stream"
+    text = generate_latest(metrics.registry).decode()
+    failed = metric_value(text, FAILURES, reason="stream_broken", via="event")
+    assert failed == 1
+
+
+class BrokenWriter(ResponsesWriter):
+    def record(self, index, record):
+        if record["finish_reason"] is not None:
+            raise RuntimeError("a bug in writing")
+        return super().record(index, record)
+
+
+def test_a_fault_of_the_writers_own_still_ends_the_stream(pre):
+    _, events = through_runner(pre, records(pre), BrokenWriter)
+    assert events[-1]["type"] == "response.failed"
+    assert events[-1]["response"]["error"]["code"] == "server_error"
