@@ -119,12 +119,14 @@ class ResponsesAPI:
         return lambda gen: ResponsesWriter(gen, turn.skeleton, turn.items, store, counter)
 
     def retrieve(self, response_id: str) -> dict[str, Any]:
+        """The stored response (a use, for the store's order). Raises ResponseNotFound."""
         found = self.store.get(response_id)
         if found is None:
             raise _not_found(response_id, None)
         return found.body
 
     def delete(self, response_id: str) -> dict[str, Any]:
+        """Forget the response; OpenAI's deletion object. Raises ResponseNotFound."""
         if not self.store.delete(response_id):
             raise _not_found(response_id, None)
         return {"id": response_id, "object": "response", "deleted": True}
