@@ -59,10 +59,10 @@ def writer(pre, kind: type[ResponsesWriter] = ResponsesWriter) -> ResponsesWrite
     return kind(gen, SKELETON, [], None, counter)
 
 
-def records(pre) -> list[dict]:
+def records(pre, pieces: list[str] = PIECES) -> list[dict]:
     out = []
-    for i, piece in enumerate(PIECES):
-        last = i == len(PIECES) - 1
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
         out.append({
             "text": piece, "token_ids": pre.tokenize(piece, False), "logprobs": None,
             "finish_reason": "stop" if last else None, "stop_reason": None,
@@ -73,9 +73,9 @@ def records(pre) -> list[dict]:
     return out
 
 
-def stream(out: ResponsesWriter, pre, end=None) -> list[dict]:
+def stream(out: ResponsesWriter, pre, end=None, pieces: list[str] = PIECES) -> list[dict]:
     texts = out.start()
-    for record in records(pre):
+    for record in records(pre, pieces):
         out.gen.states[0].add(record)
         texts += out.record(0, record)
     texts += out.done() if end is None else out.failed(end)
@@ -107,6 +107,24 @@ def test_a_reply_that_reasons_answers_and_calls_streams_as_the_sdk_types_it(pre)
     thinking = len(pre.tokenize("<think>Let me see.</think>", False))
     assert usage.output_tokens_details.reasoning_tokens == thinking
     assert usage.total_tokens == 7 + usage.output_tokens
+
+
+def test_calls_one_after_another_are_items_one_after_another(pre):
+    second = CALL.replace("Paris", "Rome").replace("2}", "3}")
+    events = stream(writer(pre), pre, pieces=[CALL[:30], CALL[30:] + "\n" + second[:20],
+                                              second[20:]])  # fmt: skip
+    final = events[-1]["response"]
+    assert [(i["type"], json.loads(i["arguments"])["city"]) for i in final["output"]] == [
+        ("function_call", "Paris"), ("function_call", "Rome"),
+    ]  # fmt: skip
+    added = [(e["output_index"], e["item"]["id"]) for e in events
+             if e["type"] == "response.output_item.added"]  # fmt: skip
+    assert added == [(i, item["id"]) for i, item in enumerate(final["output"])]
+    deltas = [e for e in events if e["type"].endswith("arguments.delta")]
+    for index, item in enumerate(final["output"]):
+        fragments = [e["delta"] for e in deltas if e["output_index"] == index]
+        assert "".join(fragments) == item["arguments"]
+    assert len({item["call_id"] for item in final["output"]}) == 2
 
 
 def test_the_stream_ends_as_the_whole_reply_reads(pre):
