@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,11 @@ def encode_chat(
     add_generation_prompt: bool = True,
     chat_template: str | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids of a conversation rendered by the model's chat template; `tools` (OpenAI's
-    `{"type": "function", "function": {...}}` objects) are the template's to render.
+    `{"type": "function", "function": {...}}` objects) are the template's to render, and
+    `template_kwargs` its extra variables (say Qwen3's `enable_thinking`).
 
     Raises ValueError when the tokenizer has no template and none is given.
     """
@@ -39,5 +41,6 @@ def encode_chat(
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
         **({"tools": list(tools)} if tools else {}),
+        **(template_kwargs or {}),
     )
     return tokenizer.encode(text, add_special_tokens=False)

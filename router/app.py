@@ -1,5 +1,6 @@
-"""The router's FastAPI app: OpenAI's `/v1/completions`, `/v1/chat/completions` and
-`/v1/models`, vLLM's `/tokenize` and `/detokenize`, and `/health`, `/metrics`, `/workers`.
+"""The router's FastAPI app: OpenAI's `/v1/completions`, `/v1/chat/completions`,
+`/v1/responses` (`tandem.router.responses_api`) and `/v1/models`, vLLM's `/tokenize` and
+`/detokenize`, and `/health`, `/metrics`, `/workers`.
 
 Order of checks for a generation request: API key (401), body and its sampling parameters
 (400), model name (404), saturation (429 with Retry-After), then the prompt (400) and the
@@ -45,7 +46,11 @@ from tandem.router.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from tandem.router.response_store import DEFAULT_SIZE as DEFAULT_STORE_SIZE
+from tandem.router.response_store import ResponseStore
 from tandem.router.responses import ChatFormat, CompletionFormat, Format
+from tandem.router.responses_api import RESPONSES_NAMES, ResponsesAPI
+from tandem.router.responses_protocol import ResponsesRequest
 from tandem.router.workers import WorkerPool
 
 # Seconds an idle connection to a node stays in the pool: less than the node keeps it.
@@ -63,6 +68,7 @@ class RouterOptions:
     cpu_workers: int = DEFAULT_WORKERS  # threads preprocessing requests off the event loop
     # what the nodes' control ports ask of the router (`Authorization`, on every call)
     token: DeploymentToken = field(default_factory=DeploymentToken)
+    responses_store_size: int = DEFAULT_STORE_SIZE  # Responses API responses kept
 
     def __post_init__(self) -> None:
         if self.cpu_workers < 1:
@@ -91,6 +97,7 @@ class Router:
         self.options = options
         self.pool = WorkerPool()
         self.index = PrefixIndex()
+        self.responses = ResponsesAPI(pre, ResponseStore(options.responses_store_size))
         self.app = FastAPI(title="Tandem router", lifespan=self._lifespan)
         self.app.add_middleware(AuthAndCount, router=self)
         add_validation_handler(self.app)
@@ -181,15 +188,28 @@ class Router:
         fmt = CompletionFormat(self.pre, req.logprobs is not None)
         return self._generation(response_id, req, fmt, jobs, prompts, echoes)
 
-    def _chat(self, req: ChatCompletionRequest, params: SamplingParams, base_id: str) -> Generation:
+    def _chat(
+        self,
+        req: ChatCompletionRequest,
+        params: SamplingParams,
+        base_id: str,
+        response_id: str | None = None,
+        api_names: Mapping[str, str] | None = None,
+    ) -> Generation:
+        """The chat generation; `response_id` (default `chatcmpl-<base_id>`) and
+        `api_names` (the fields' names in errors) for the APIs that ride on chat."""
         tool_use = self.pre.structured.tool_use(req)
         prompt = self.pre.chat_prompt(req, tool_use)
         spec = self.pre.structured.spec(req, tool_use)
+        reasoning = self.pre.reasoning_for(prompt)
+        if reasoning is not None and spec is not None:  # the grammar applies to the answer
+            spec = self.pre.structured.after_reasoning(spec)
         parser = tool_use.parser if tool_use is not None else None
-        response_id = f"chatcmpl-{base_id}"
+        response_id = response_id or f"chatcmpl-{base_id}"
         keep = parser is not None and parser.keeps_special_tokens
-        jobs = self._jobs(response_id, req, params, [prompt], spec, keep, _chat_names(req))
-        fmt = ChatFormat(self.pre, req.logprobs, parser)
+        names = _chat_names(req) if api_names is None else api_names
+        jobs = self._jobs(response_id, req, params, [prompt], spec, keep, names)
+        fmt = ChatFormat(self.pre, req.logprobs, parser, reasoning)
         return self._generation(response_id, req, fmt, jobs, [prompt])
 
     def _jobs(
@@ -253,6 +273,28 @@ class Router:
                 lambda: self._chat(req, params, base), req.stream, request, req.n
             )
 
+        @app.post("/v1/responses")
+        async def create_response(req: ResponsesRequest, request: Request) -> Response:
+            response_id = f"resp_{_base_id(request)}"
+            turn = self.responses.turn(req, response_id)
+            chat = turn.chat
+            params = self.pre.sampling_params(
+                chat, chat.max_completion_tokens, None, RESPONSES_NAMES
+            )
+            self._check_model(req.model)
+            return await self.runner.respond(
+                lambda: self._chat(chat, params, "", response_id, RESPONSES_NAMES),
+                req.stream, request, 1, self.responses.writer(turn),
+            )  # fmt: skip
+
+        @app.get("/v1/responses/{response_id}")
+        async def retrieve_response(response_id: str) -> Response:
+            return JSONResponse(self.responses.retrieve(response_id))
+
+        @app.delete("/v1/responses/{response_id}")
+        async def delete_response(response_id: str) -> Response:
+            return JSONResponse(self.responses.delete(response_id))
+
         @app.get("/v1/models")
         async def models() -> Response:
             limits = self.pre.limits
@@ -268,9 +310,11 @@ class Router:
             if (req.prompt is None) == (req.messages is None):
                 raise APIError("give exactly one of prompt and messages", "prompt")
             if req.messages is not None:
+                tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
                 ids = await self.cpu.run(
-                    self.pre.encode_messages, req.messages, req.add_generation_prompt
-                )
+                    self.pre.encode_messages, req.messages, req.add_generation_prompt, None,
+                    tools, req.chat_template_kwargs,
+                )  # fmt: skip
             else:
                 ids = await self.cpu.run(self.pre.tokenize, req.prompt, req.add_special_tokens)
             limits = self.pre.limits
@@ -349,14 +393,21 @@ class AuthAndCount:
             await exc.response()(scope, receive, send_counted)
         finally:
             m = self.router.metrics
-            handler = path if path in _ENDPOINTS else "other"
+            handler = _handler(path)
             m.child(m.requests, handler=handler, status=str(status)).inc()
 
 
 _ENDPOINTS = frozenset(
-    ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
-     "/health", "/metrics", "/workers")
+    ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/tokenize",
+     "/detokenize", "/health", "/metrics", "/workers")
 )  # fmt: skip
+
+
+def _handler(path: str) -> str:
+    """The `handler` label of a path: one of the router's, ids left out, else "other"."""
+    if path in _ENDPOINTS:
+        return path
+    return "/v1/responses/{id}" if path.startswith("/v1/responses/") else "other"
 
 
 # The chat API's names of engine fields, where they differ.

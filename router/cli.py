@@ -23,6 +23,36 @@ def add_tool_call_parser(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# tandem.router.reasoning.REASONING_PARSER_CHOICES, likewise
+REASONING_PARSER_CHOICES = ("auto", "none", "qwen3", "deepseek_r1")
+
+
+def add_reasoning_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSER_CHOICES,
+        default="auto",
+        help="how the model marks its reasoning, sent as reasoning_content (default: found "
+        "from its chat template: none unless it mentions <think>; deepseek_r1 when its "
+        "generation prompt leaves <think> open, else qwen3)",
+    )
+
+
+# tandem.router.response_store.DEFAULT_SIZE, likewise
+RESPONSES_STORE_SIZE = 1000
+
+
+def add_responses_store_size(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--responses-store-size",
+        type=int,
+        default=RESPONSES_STORE_SIZE,
+        help="Responses API responses kept for GET /v1/responses/{id} and "
+        "previous_response_id, least recently used out first; in this router's memory "
+        f"only, lost on restart (default: {RESPONSES_STORE_SIZE}; 0 keeps none)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model folder (tokenizer, config.json)")
     parser.add_argument("--served-model-name", default=None, help="model id (default: folder)")
@@ -79,6 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "behind a load balancer, make it longer than the balancer's idle timeout)",
     )
     add_tool_call_parser(parser)
+    add_reasoning_parser(parser)
+    add_responses_store_size(parser)
     add_tracing_argument(parser)
     parser.add_argument("--log-level", default="info")
 

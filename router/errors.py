@@ -75,3 +75,10 @@ class RouterFault(APIError):
 
     status = 500
     kind = "server_error"
+
+
+class ResponseNotFound(APIError):
+    """A Responses API id this router does not hold (OpenAI's 404 for it is an
+    `invalid_request_error`)."""
+
+    status = 404

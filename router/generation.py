@@ -17,7 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -110,25 +110,30 @@ class GenerationRunner:
         stream: bool,
         http: HttpRequest,
         num_choices: int = 1,
+        writer: Callable[[Generation], Writer] | None = None,
     ) -> Response:
-        """The whole answer, or a stream. Saturation (429) is checked before `build` runs
-        (on the CPU pool: what it raises is raised here), so overload is shed before any
-        tokenizing; the generation's `num_choices` count as in flight from then until the
-        answer or the stream is over, its preprocessing included."""
+        """The whole answer, or a stream, as `writer` (default: `ChunkWriter`, OpenAI's
+        completion and chat shapes) writes it for the generation. Saturation (429) is
+        checked before `build` runs (on the CPU pool: what it raises is raised here), so
+        overload is shed before any tokenizing; the generation's `num_choices` count as in
+        flight from then until the answer or the stream is over, its preprocessing
+        included."""
         self._admit(num_choices)
         self._enter(num_choices)  # no await since the check: the count is exact
         streaming = False
         try:
             gen = await self.cpu.run(build)
+            out = (writer or ChunkWriter)(gen)
             if not stream:
-                return await self._complete(gen, http)
+                return await self._complete(gen, out, http)
             events = self._events(gen, buffered=False)
             first = await anext(events)  # errors before the first record become a status
             if isinstance(first[1], APIError):
                 await events.aclose()
                 raise first[1]
             streaming = True
-            return _Stream(self._sse(gen, first, events), events, lambda: self._exit(num_choices))
+            body = self._sse(gen, out, first, events)
+            return _Stream(body, events, lambda: self._exit(num_choices))
         except APIError as exc:
             self._count_failure(exc, "status")
             raise
@@ -161,7 +166,7 @@ class GenerationRunner:
         if exc.status >= 500:
             self.metrics.child(self.metrics.failures, reason=exc.reason, via=via).inc()
 
-    async def _complete(self, gen: Generation, http: HttpRequest) -> Response:
+    async def _complete(self, gen: Generation, writer: Writer, http: HttpRequest) -> Response:
         """Gather every choice (each retried whole on failure); abort on disconnect."""
         collect = asyncio.ensure_future(self._collect(gen))
         watch = asyncio.ensure_future(_disconnected(http))
@@ -174,9 +179,7 @@ class GenerationRunner:
         if collect.cancelled():
             return Response(status_code=499)
         collect.result()  # raises the APIError of a failed choice
-        body = gen.body([gen.fmt.choice(s) for s in gen.states], chunk=False)
-        body["usage"] = gen.usage
-        return JSONResponse(body)
+        return JSONResponse(writer.whole())
 
     async def _collect(self, gen: Generation) -> None:
         async for index, item in self._events(gen, buffered=True):
@@ -264,34 +267,98 @@ class GenerationRunner:
         m.child(m.generation_tokens).inc(gen.usage["completion_tokens"])
 
     async def _sse(
-        self, gen: Generation, first: tuple[int, Any], events: AsyncIterator[tuple[int, Any]]
+        self,
+        gen: Generation,
+        writer: Writer,
+        first: tuple[int, Any],
+        events: AsyncIterator[tuple[int, Any]],
     ) -> AsyncIterator[str]:
-        started = [False] * len(gen.states)
+        """The stream's text: `writer`'s for each record as it arrives, then its end (or,
+        for a choice that failed, or a fault of ours while writing, its failure)."""
         pending = [first]
         try:
+            for text in writer.start():
+                yield text
             while True:
-                index, item = pending.pop() if pending else await anext(events)
+                try:
+                    index, item = pending.pop() if pending else await anext(events)
+                except StopAsyncIteration:
+                    break
                 if isinstance(item, APIError):
                     self._count_failure(item, "event")
-                    yield _data({"error": json.loads(item.response().body)["error"]})
-                    break
-                state = gen.states[index]
-                state.add(item)
-                for choice in gen.fmt.deltas(state, item, not started[index]):
-                    chunk = gen.body([choice], chunk=True)
-                    if gen.include_usage:
-                        chunk["usage"] = None
-                    yield _data(chunk)
-                started[index] = True
-        except StopAsyncIteration:
-            if gen.include_usage:
-                yield _data({**gen.body([], chunk=True), "usage": gen.usage})
+                    for text in writer.failed(item):
+                        yield text
+                    return
+                gen.states[index].add(item)
+                for text in writer.record(index, item):
+                    yield text
+            end = writer.done()
         except Exception:  # a fault of ours: the client still gets an end
             logger.exception("response %s: streaming failed", gen.response_id)
             fault = RouterFault("the router failed while streaming this answer")
             self._count_failure(fault, "event")
-            yield _data({"error": json.loads(fault.response().body)["error"]})
-        yield "data: [DONE]\n\n"
+            end = writer.failed(fault)
+        for text in end:
+            yield text
+
+
+class Writer(Protocol):
+    """How one generation's answer is written, whole or streamed (made per generation; it
+    may remember what it sent). Each streaming method returns the texts to send."""
+
+    def whole(self) -> dict[str, Any]:
+        """The body once every choice is done (non-streamed)."""
+
+    def start(self) -> list[str]:
+        """What the stream opens with, before the first record's."""
+
+    def record(self, index: int, record: dict[str, Any]) -> list[str]:
+        """What choice `index`'s record adds (its state already includes it)."""
+
+    def done(self) -> list[str]:
+        """The stream's end, every choice done."""
+
+    def failed(self, error: APIError) -> list[str]:
+        """The stream's end when a choice failed (or the router did)."""
+
+
+class ChunkWriter:
+    """OpenAI's completion and chat shapes: one object, or `data: {chunk}` per delta (with
+    `include_usage`, a last chunk with the usage) and `data: [DONE]`."""
+
+    def __init__(self, gen: Generation) -> None:
+        self.gen = gen
+        self.started = [False] * len(gen.states)
+
+    def whole(self) -> dict[str, Any]:
+        gen = self.gen
+        body = gen.body([gen.fmt.choice(s) for s in gen.states], chunk=False)
+        body["usage"] = gen.usage
+        return body
+
+    def start(self) -> list[str]:
+        return []
+
+    def record(self, index: int, record: dict[str, Any]) -> list[str]:
+        gen, texts = self.gen, []
+        for choice in gen.fmt.deltas(gen.states[index], record, not self.started[index]):
+            chunk = gen.body([choice], chunk=True)
+            if gen.include_usage:
+                chunk["usage"] = None
+            texts.append(_data(chunk))
+        self.started[index] = True
+        return texts
+
+    def done(self) -> list[str]:
+        gen = self.gen
+        usage_chunk = [_data({**gen.body([], chunk=True), "usage": gen.usage})]
+        return [*(usage_chunk if gen.include_usage else []), _DONE]
+
+    def failed(self, error: APIError) -> list[str]:
+        return [_data({"error": json.loads(error.response().body)["error"]}), _DONE]
+
+
+_DONE = "data: [DONE]\n\n"
 
 
 class _Stream(StreamingResponse):

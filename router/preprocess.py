@@ -28,6 +28,8 @@ from tandem.router.protocol import (
     CompletionRequest,
     SamplingFields,
 )
+from tandem.router.reasoning import ReasoningParser
+from tandem.router.reasoning import reasoning_parser as make_reasoning_parser
 from tandem.router.structured import StructuredOutputs, ToolUse
 
 
@@ -82,14 +84,26 @@ class Preprocessor:
     strings."""
 
     def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, limits: ModelLimits, tool_parser: str = "auto"
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        limits: ModelLimits,
+        tool_parser: str = "auto",
+        reasoning_parser: str = "auto",
     ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.structured = StructuredOutputs(
             tokenizer, limits.vocab_size, limits.eos_token_ids, tool_parser
         )
+        self.reasoning = make_reasoning_parser(reasoning_parser, tokenizer)
         self._token_text: dict[int, str] = {}
+
+    def reasoning_for(self, prompt: Prompt) -> ReasoningParser | None:
+        """The reasoning parser for a reply to this chat prompt (None: the model does not
+        reason, or the prompt turned thinking off)."""
+        if self.reasoning is None:
+            return None
+        return self.reasoning.for_prompt(self.tokenizer.decode(prompt.token_ids[-8:]))
 
     # -- prompts --------------------------------------------------------------------------
 
@@ -108,8 +122,9 @@ class Preprocessor:
             raise InvalidRequest("functions are not supported; use tools", "functions")
         tools = tool_use.tools if tool_use is not None else None
         ids = self.encode_messages(
-            req.messages, req.add_generation_prompt, req.chat_template, tools
-        )
+            req.messages, req.add_generation_prompt, req.chat_template, tools,
+            req.chat_template_kwargs,
+        )  # fmt: skip
         return self._prompt(ids, None, req.cache_salt)
 
     def encode_messages(
@@ -118,16 +133,24 @@ class Preprocessor:
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
         tools: list[dict[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """The conversation (and its tools) rendered by the chat template, tokenized.
-        Raises InvalidRequest."""
+        """The conversation (and its tools) rendered by the chat template, with the
+        request's `chat_template_kwargs`, tokenized. Raises InvalidRequest."""
         if not messages:
             raise InvalidRequest("messages must not be empty", "messages")
+        reserved = _RESERVED_TEMPLATE_NAMES.intersection(template_kwargs or {})
+        if reserved:
+            raise InvalidRequest(
+                f"chat_template_kwargs may not set {', '.join(sorted(reserved))}",
+                "chat_template_kwargs",
+            )
         rendered = [template_message(m, i) for i, m in enumerate(messages)]
         try:
             return encode_chat(
-                self.tokenizer, rendered, add_generation_prompt, chat_template, tools
-            )
+                self.tokenizer, rendered, add_generation_prompt, chat_template, tools,
+                template_kwargs,
+            )  # fmt: skip
         except ValueError as exc:
             raise InvalidRequest(str(exc), "messages") from exc
         except Exception as exc:  # a template error is the request's fault (its messages)
@@ -244,6 +267,11 @@ class Preprocessor:
         if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
             raise InvalidRequest(f"token ids must be in [0, {vocab})", param)
 
+
+# What the chat template gets from the request's own fields, never from chat_template_kwargs.
+_RESERVED_TEMPLATE_NAMES = frozenset(
+    ("messages", "tools", "add_generation_prompt", "chat_template", "tokenize", "conversation")
+)
 
 # The fields whose API default is None, meaning the engine's own default.
 _API_DEFAULTS_NONE = (

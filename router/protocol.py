@@ -155,6 +155,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: say `enable_thinking`
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -167,6 +168,8 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    tools: list[Tool] | None = None  # with messages, as the chat template renders them
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(BaseModel):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.router.preprocess import Preprocessor
+from tandem.router.reasoning import ReasoningParser, ReasoningStream
 from tandem.router.tool_parsers import ToolParser
 from tandem.router.tool_stream import ToolCallStream, visible_content
 
@@ -31,6 +32,7 @@ class ChoiceState:
     cached_tokens: int = 0  # prompt tokens the decode node found in a prefix cache
     text_offset: int = 0  # completions: where the next token's text starts
     tool_stream: ToolCallStream | None = None  # chat with tools, streamed: what was sent
+    reasoning_stream: ReasoningStream | None = None  # chat with reasoning, streamed
 
     def add(self, record: dict[str, Any]) -> None:
         self.text += record["text"]
@@ -116,25 +118,39 @@ class CompletionFormat:
 
 
 class ChatFormat:
-    """Chat choices; with a tool parser (the request has tools, `tool_choice` not "none")
-    the reply's calls become `message.tool_calls` (or tool-call deltas) and a reply that
-    stopped with calls has `finish_reason` "tool_calls"."""
+    """Chat choices; with a reasoning parser the text up to `</think>` becomes
+    `reasoning_content` and only the rest is parsed for calls. With a tool parser (the
+    request has tools, `tool_choice` not "none") the reply's calls become
+    `message.tool_calls` (or tool-call deltas) and a reply that stopped with calls has
+    `finish_reason` "tool_calls"."""
 
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
     def __init__(
-        self, pre: Preprocessor, want_logprobs: bool, parser: ToolParser | None = None
+        self,
+        pre: Preprocessor,
+        want_logprobs: bool,
+        parser: ToolParser | None = None,
+        reasoning: ReasoningParser | None = None,
     ) -> None:
         self.pre = pre
         self.want_logprobs = want_logprobs
         self.parser = parser
+        self.reasoning = reasoning
 
     def choice(self, state: ChoiceState) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": state.text}
+        text = state.text
+        if self.reasoning is not None:
+            split = self.reasoning.split(text, final=True)
+            message["reasoning_content"] = split.reasoning
+            text = split.content
+            # vLLM's: a reply that reasoned and said nothing after has no content
+            message["content"] = (text or None) if split.reasoning is not None else text
         finish = state.finish_reason
         if self.parser is not None:
-            parsed = self.parser.parse(state.text, final=True)
+            parsed = self.parser.parse(text, final=True)
             calls = ToolCallStream(self.parser).message_calls(parsed)
             content = visible_content(parsed, final=True)
             message["content"] = (content or None) if calls else content
@@ -154,16 +170,24 @@ class ChatFormat:
     ) -> list[dict[str, Any]]:
         """The chunks' choices for what `record` adds (`state` already includes it): one,
         or with tools one per piece (content, then each call's first delta and argument
-        fragments); the record's logprobs go on the first, its finish on the last."""
+        fragments); the record's logprobs go on the first, its finish on the last.
+        Reasoning comes first, as `reasoning_content`."""
+        final = record["finish_reason"] is not None
+        reasoning, content, content_delta = self._split(state, record, final)
         if self.parser is None:
             delta: dict[str, Any] = {"role": "assistant"} if first else {}
-            if record["text"] or first:
-                delta["content"] = record["text"]
+            if reasoning:
+                delta["reasoning_content"] = reasoning
+            if content_delta or first:
+                delta["content"] = content_delta
             pieces, finish = [delta], record["finish_reason"]
         else:
-            pieces, finish = self._tool_pieces(state, record, first)
-            if pieces == [{}] and finish is None and not self.want_logprobs:
-                return []  # text held back (a call's start, say): nothing to show yet
+            pieces, made_calls = self._tool_pieces(state, content, reasoning, final, first)
+            finish = record["finish_reason"]
+            finish = _with_calls(finish) if made_calls else finish
+        holds = self.parser is not None or self.reasoning is not None
+        if holds and pieces == [{}] and finish is None and not self.want_logprobs:
+            return []  # text held back (a call's start, a tag's): nothing to show yet
         return [
             {
                 "index": state.index,
@@ -175,20 +199,31 @@ class ChatFormat:
             for i, delta in enumerate(pieces)
         ]
 
+    def _split(
+        self, state: ChoiceState, record: dict[str, Any], final: bool
+    ) -> tuple[str, str, str]:
+        """(reasoning delta, the whole content so far, content delta)."""
+        if self.reasoning is None:
+            return "", state.text, record["text"]
+        if state.reasoning_stream is None:
+            state.reasoning_stream = ReasoningStream(self.reasoning)
+        return state.reasoning_stream.update(state.text, final)
+
     def _tool_pieces(
-        self, state: ChoiceState, record: dict[str, Any], first: bool
-    ) -> tuple[list[dict[str, Any]], str | None]:
+        self, state: ChoiceState, content: str, reasoning: str, final: bool, first: bool
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The pieces, and whether the reply made calls."""
         if state.tool_stream is None:
             state.tool_stream = ToolCallStream(self.parser)
-        final = record["finish_reason"] is not None
-        content, entries = state.tool_stream.update(state.text, final)
+        content_delta, entries = state.tool_stream.update(content, final)
         head: dict[str, Any] = {"role": "assistant"} if first else {}
-        if content:
-            head["content"] = content
+        if reasoning:
+            head["reasoning_content"] = reasoning
+        if content_delta:
+            head["content"] = content_delta
         pieces = [head] if head or not entries else []
         pieces += [{"tool_calls": [entry]} for entry in entries]
-        finish = record["finish_reason"]
-        return pieces, _with_calls(finish) if state.tool_stream.call_ids else finish
+        return pieces, bool(state.tool_stream.call_ids)
 
     def _logprobs(self, entries: list[dict[str, Any]]) -> dict[str, Any] | None:
         if not self.want_logprobs:

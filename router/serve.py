@@ -20,7 +20,12 @@ from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
 from tandem.engine.api.deployment_token import DeploymentToken
 from tandem.engine.api.ports import free_port
 from tandem.engine.telemetry.tracing import add_tracing_argument
-from tandem.router.cli import POLICY_NAMES, add_tool_call_parser
+from tandem.router.cli import (
+    POLICY_NAMES,
+    add_reasoning_parser,
+    add_responses_store_size,
+    add_tool_call_parser,
+)
 from tandem.router.supervisor import Child, RestartPolicy, Supervisor
 
 
@@ -32,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="the router's address")
     parser.add_argument("--policy", choices=POLICY_NAMES, default="kv-aware")
     add_tool_call_parser(parser)
+    add_reasoning_parser(parser)
+    add_responses_store_size(parser)
     parser.add_argument(
         "--remote-prefill-threshold", type=int, default=0, help="0: disaggregate every request"
     )
@@ -147,6 +154,8 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     router = [*python, "tandem.router", "--model", str(model), "--host", args.host]
     router += ["--port", str(args.port), "--policy", args.policy, "--log-level", args.log_level]
     router += ["--tool-call-parser", args.tool_call_parser]
+    router += ["--reasoning-parser", args.reasoning_parser]
+    router += ["--responses-store-size", str(args.responses_store_size)]
     for flag in ("max_model_len", "otlp_traces_endpoint"):
         if getattr(args, flag, None) is not None:
             router += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]

@@ -31,7 +31,8 @@ def build_router(args: argparse.Namespace) -> Router:
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
     max_len = args.max_model_len or model.max_position_embeddings
     limits = ModelLimits(name, model.vocab_size, max_len, args.block_size, model.eos_token_ids)
-    pre = Preprocessor(load_tokenizer(args.model), limits, args.tool_call_parser)
+    tokenizer = load_tokenizer(args.model)
+    pre = Preprocessor(tokenizer, limits, args.tool_call_parser, args.reasoning_parser)
     pre.structured.grammars.prepare()  # not on the first structured request
     pod = os.environ.get("POD_NAME") or f"{socket.gethostname()}:{args.port}"
     options = RouterOptions(
@@ -43,6 +44,7 @@ def build_router(args: argparse.Namespace) -> Router:
         args.worker_read_timeout,
         args.cpu_workers,
         DeploymentToken.from_env(),
+        args.responses_store_size,
     )
     metrics = RouterMetrics(CollectorRegistry(), name, pod)
     tracing = Tracing("tandem-router", args.otlp_traces_endpoint)

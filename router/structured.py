@@ -18,6 +18,7 @@ from tandem.engine.structured.grammar import GrammarCompiler, InvalidGrammar
 from tandem.engine.structured.spec import StructuredOutputsParams
 from tandem.router.errors import InvalidRequest
 from tandem.router.protocol import ChatCompletionRequest, SamplingFields
+from tandem.router.reasoning_grammar import after_reasoning
 from tandem.router.tool_parsers import PARSERS, ToolParser, detect_parser
 
 TOOL_PARSER_CHOICES = ("auto", "none", *PARSERS)
@@ -98,6 +99,16 @@ class StructuredOutputs:
         except InvalidGrammar as exc:
             raise InvalidRequest(f"{_what(param)}: {exc}", _blame(param)) from exc
         return spec
+
+    def after_reasoning(self, spec: StructuredOutputsParams) -> StructuredOutputsParams:
+        """`spec` applied only once the reasoning ends (`</think>`), compiled once to
+        check it. Raises InvalidRequest."""
+        try:
+            wrapped = after_reasoning(spec, self.grammars.tokenizer)
+            self.grammars.validate(wrapped)
+        except InvalidGrammar as exc:
+            raise InvalidRequest(f"the grammar after the reasoning: {exc}") from exc
+        return wrapped
 
     def _from_tools(
         self, req: SamplingFields, tool_use: ToolUse | None

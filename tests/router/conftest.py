@@ -11,6 +11,8 @@ import pytest
 
 from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
 from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.tiny_model import make_model
+from tests.assets import npm_tokenizer
 from tests.bounds import HANG_S
 from tests.disagg.nodes import Proc
 
@@ -78,6 +80,33 @@ def router_logs(tmp_path_factory):
 @pytest.fixture(scope="package")
 def serve(llama_dir, router_logs):
     proc = ServeProc(llama_dir, router_logs, "--prefill", "1", "--decode", "1", *SERVE_FLAGS)
+    try:
+        proc.start().wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="package")
+def qwen3_dir(tmp_path_factory) -> Path:
+    """A tiny random Qwen3 with Qwen3's own tokenizer and chat template (its tool calls
+    and its thinking switch), served as `qwen3`."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(npm_tokenizer("qwen3"))
+    root = tmp_path_factory.mktemp("qwen3-tiny")
+    return make_model(root / "qwen3", arch="qwen3", tokenizer=tokenizer)
+
+
+@pytest.fixture(scope="package")
+def qwen3_serve(qwen3_dir, router_logs):
+    """`tandem serve` of `qwen3_dir` with the deepseek_r1 reasoning parser (Qwen3
+    Thinking-2507's): with thinking on, every reply starts inside its reasoning, so a
+    random model's reply is all reasoning; with thinking off (`enable_thinking: false`)
+    it has none."""
+    flags = ("--prefill", "1", "--decode", "1", "--reasoning-parser", "deepseek_r1")
+    limits = ("--max-model-len", "1024", "--num-kv-blocks", "256", "--log-level", "warning")
+    proc = ServeProc(qwen3_dir, router_logs, *flags, *limits)
     try:
         proc.start().wait_ready()
         yield proc

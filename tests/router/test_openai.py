@@ -193,6 +193,7 @@ def test_token_id_prompts_and_echo(client, tokenizer):
 def test_models_tokenize_and_detokenize(serve, tokenizer):
     models = httpx.get(f"{serve.url}/v1/models", timeout=HANG_S).json()
     assert [m["id"] for m in models["data"]] == [MODEL]
+    assert models["data"][0]["max_model_len"] == 512  # SERVE_FLAGS' --max-model-len, vLLM's field
     tok = httpx.post(f"{serve.url}/tokenize", json={"prompt": PROMPTS[1]}, timeout=HANG_S).json()
     assert tok["tokens"] == tokenizer.encode(PROMPTS[1]) and tok["count"] == len(tok["tokens"])
     text = httpx.post(

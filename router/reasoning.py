@@ -1,0 +1,141 @@
+"""Reasoning in a chat reply: what a model writes between `<think>` and `</think>`, split
+from the answer and sent as `reasoning_content` (vLLM's field and behaviour).
+
+- `qwen3` (Qwen3 with thinking on): the model writes both tags. A reply that does not
+  open with `<think>` (after blanks) is all content.
+- `deepseek_r1` (DeepSeek-R1, QwQ, Qwen3 Thinking-2507): the template opens `<think>` in
+  the prompt, so the reply starts inside the reasoning, with no opening tag (one the model
+  writes anyway is dropped); all of a reply cut off before `</think>` is reasoning.
+
+The prompt has the first say (`for_prompt`): one that ends in a closed, empty block
+(`enable_thinking: false` on Qwen3, `thinking: false` on DeepSeek-V3.1) has no reasoning
+whatever the parser; one that ends in an open `<think>` starts inside it.
+
+The content is everything after `</think>`, as written (vLLM does not strip it either).
+`split(text, final)` is a pure function of the text so far whose parts only grow as the
+text does: while the text grows, an ending that may be the start of a tag is held back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedTokenizerBase
+
+START, END = "<think>", "</think>"
+
+
+@dataclass(frozen=True)
+class Reasoned:
+    reasoning: str | None  # None: the reply has no reasoning (so far)
+    content: str
+
+
+class ReasoningParser:
+    name = ""
+    starts_inside = False  # the prompt opened the reasoning
+
+    def split(self, text: str, final: bool) -> Reasoned:
+        """The reasoning and the content of the reply's whole text so far. Never raises."""
+        blanks = len(text) - len(text.lstrip())
+        head = text[blanks:]
+        if not final and START.startswith(head) and head != START:
+            return Reasoned("" if self.starts_inside else None, "")  # maybe the tag's start
+        if head.startswith(START):
+            return _inside(text, blanks + len(START), final)
+        if self.starts_inside:
+            return _inside(text, 0, final)
+        return Reasoned(None, text)
+
+    def for_prompt(self, prompt_tail: str) -> ReasoningParser | None:
+        """The parser for a reply to a prompt that ends in `prompt_tail`: the prompt's
+        own say first. None when it closed an empty block (thinking turned off, say
+        `enable_thinking: false`); one that starts inside when it left `<think>` open."""
+        tail = prompt_tail.rstrip()
+        if tail.endswith(END):
+            return None
+        if tail.endswith(START) and not self.starts_inside:
+            return DeepSeekR1Parser()
+        return self
+
+
+class Qwen3Parser(ReasoningParser):
+    name = "qwen3"
+
+
+class DeepSeekR1Parser(ReasoningParser):
+    name = "deepseek_r1"
+    starts_inside = True
+
+
+PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (Qwen3Parser, DeepSeekR1Parser)}
+REASONING_PARSER_CHOICES = ("auto", "none", *PARSERS)
+
+
+def _inside(text: str, start: int, final: bool) -> Reasoned:
+    """The reasoning from `start` to `</think>`, the content after it."""
+    end = text.find(END, start)
+    if end >= 0:
+        return Reasoned(text[start:end], text[end + len(END) :])
+    return Reasoned(_without_partial(text[start:], END, final), "")
+
+
+def _without_partial(text: str, marker: str, final: bool) -> str:
+    """`text`, less an ending that may be the start of `marker` (unless the text is done)."""
+    if final:
+        return text
+    for size in range(min(len(marker) - 1, len(text)), 0, -1):
+        if marker.startswith(text[-size:]):
+            return text[:-size]
+    return text
+
+
+@dataclass
+class ReasoningStream:
+    """What one streamed choice has sent of its reasoning and content; `update` advances it."""
+
+    parser: ReasoningParser
+    reasoning_sent: int = 0
+    content_sent: int = 0
+
+    def update(self, text: str, final: bool) -> tuple[str, str, str]:
+        """(reasoning delta, the whole content so far, content delta) for the choice's
+        whole text so far."""
+        split = self.parser.split(text, final)
+        reasoning = split.reasoning or ""
+        delta = reasoning[self.reasoning_sent :]
+        self.reasoning_sent = max(self.reasoning_sent, len(reasoning))
+        content_delta = split.content[self.content_sent :]
+        self.content_sent = max(self.content_sent, len(split.content))
+        return delta, split.content, content_delta
+
+
+def detect_reasoning_parser(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The parser a chat template calls for: none unless it mentions `<think>`;
+    `deepseek_r1` when its generation prompt leaves a `<think>` open (the reply starts
+    inside the reasoning), else `qwen3` (the model opens it)."""
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if not isinstance(template, str) or START not in template:
+        return None
+    probe = "tandem-reasoning-probe"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": probe}],
+            add_generation_prompt=True,
+            tokenize=False,
+            enable_thinking=True,  # some templates close the block unless told to think
+        )
+    except Exception:  # a template that needs more than one user turn: the model opens it
+        return Qwen3Parser.name
+    tail = text[text.rfind(probe) + len(probe) :]
+    opened = tail.rfind(START) > tail.rfind(END)
+    return DeepSeekR1Parser.name if opened else Qwen3Parser.name
+
+
+def reasoning_parser(name: str, tokenizer: PreTrainedTokenizerBase) -> ReasoningParser | None:
+    """The `--reasoning-parser` flag's parser (`auto`: from the chat template). Raises
+    ValueError for an unknown name."""
+    if name not in REASONING_PARSER_CHOICES:
+        raise ValueError(f"unknown reasoning parser {name!r}")
+    found = detect_reasoning_parser(tokenizer) if name == "auto" else name
+    return PARSERS[found]() if found in PARSERS else None

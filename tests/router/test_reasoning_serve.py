@@ -1,0 +1,68 @@
+"""Reasoning through a real `tandem serve --reasoning-parser deepseek_r1`: the tiny model's
+template opens no `<think>`, but with this parser its reply starts inside the reasoning, and
+a random model never writes `</think>`: every reply is all reasoning, cut by `max_tokens`.
+So the protocol is what is checked: where the text goes, streamed or not."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.router.conftest import SERVE_FLAGS, ServeProc
+
+MODEL = "llama"
+MESSAGES = [{"role": "user", "content": "Think it over."}]
+
+
+@pytest.fixture(scope="module")
+def serve(llama_dir, router_logs):
+    flags = ("--prefill", "1", "--decode", "1", "--reasoning-parser", "deepseek_r1")
+    proc = ServeProc(llama_dir, router_logs, *flags, *SERVE_FLAGS)
+    try:
+        proc.start().wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(serve):
+    return openai.OpenAI(base_url=f"{serve.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_the_reply_is_reasoning_content_streamed_or_not(client):
+    whole = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0
+    )
+    message = whole.choices[0].message
+    reasoning = message.model_extra["reasoning_content"]
+    assert reasoning and message.content is None and whole.choices[0].finish_reason == "length"
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0, stream=True
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks]
+    assert deltas[0].role == "assistant"
+    streamed = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    assert streamed == reasoning
+    assert "".join(d.content or "" for d in deltas) == ""
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_grammar_leaves_the_reasoning_free(client):
+    """Grammars are enforced only after `</think>`: two that admit no common first
+    character (a JSON object, the word "x") leave the same greedy reasoning, and neither
+    shows in it. (Not the same as no grammar: the reasoning is still held to valid UTF-8,
+    which a random byte-level model does not write.)"""
+    replies = [
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0,
+            extra_body={"cache_salt": spec, **extra},
+        ).choices[0].message.model_extra["reasoning_content"]
+        for spec, extra in (
+            ("json", {"response_format": {"type": "json_object"}}),
+            ("choice", {"structured_outputs": {"choice": ["x"]}}),
+        )
+    ]  # fmt: skip
+    assert replies[0] and replies[0] == replies[1] and replies[0][:1] not in ("{", "x")
