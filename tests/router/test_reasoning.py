@@ -63,7 +63,7 @@ def stream(parser, pieces: list[str]) -> tuple[str, str]:
     state, text, reasoning, content = ReasoningStream(parser), "", "", ""
     for i, piece in enumerate(pieces):
         text += piece
-        r, _whole, c = state.update(text, final=i == len(pieces) - 1)
+        r, c, _content_start = state.update(text, final=i == len(pieces) - 1)
         reasoning, content = reasoning + r, content + c
     return reasoning, content
 
@@ -80,6 +80,36 @@ def test_streamed_deltas_add_up_whatever_the_split(parser, text, reasoning, cont
     for shorter, longer in itertools.pairwise(growing):
         assert (longer.reasoning or "").startswith(shorter.reasoning or "")
         assert longer.content.startswith(shorter.content)
+
+
+class Reads(str):
+    """A text that counts the characters searched (`find`) and sliced out of it."""
+
+    reads = 0
+
+    def find(self, sub, start=0, *rest):
+        Reads.reads += len(self) - start
+        return super().find(sub, start, *rest)
+
+    def __getitem__(self, key):
+        got = super().__getitem__(key)
+        Reads.reads += len(got)
+        return got
+
+
+@pytest.mark.parametrize("parser", [Qwen3Parser(), DeepSeekR1Parser()])
+def test_streaming_a_long_reasoning_reads_each_character_a_bounded_number_of_times(parser):
+    """Work per piece is the piece's characters: 24k characters of reasoning streamed 4 at a
+    time read each character a few times in all (a split of the whole text per piece
+    reads about 70 million)."""
+    text = "<think>" + "lorem ipsum " * 2000 + "</think>The answer."
+    state, pieces = ReasoningStream(parser), []
+    Reads.reads = 0
+    for end in [*range(4, len(text), 4), len(text)]:
+        pieces.append(state.update(Reads(text[:end]), final=end == len(text)))
+    assert Reads.reads < 3 * len(text) + 40 * len(pieces)
+    assert "".join(p[0] for p in pieces) == "lorem ipsum " * 2000
+    assert "".join(p[1] for p in pieces) == "The answer."
 
 
 def test_the_prompt_has_the_first_say():
