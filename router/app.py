@@ -304,7 +304,7 @@ class Router:
                 tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
                 ids = await self.cpu.run(
                     self.pre.encode_messages, req.messages, req.add_generation_prompt, None,
-                    tools, req.chat_template_kwargs,
+                    tools, self.pre.template_kwargs(req),
                 )  # fmt: skip
             else:
                 ids = await self.cpu.run(self.pre.tokenize, req.prompt, req.add_special_tokens)

@@ -89,6 +89,8 @@ def to_chat(req: MessagesInput) -> ChatCompletionRequest:
         "tools": [_function(tool) for tool in req.tools] if req.tools else None,
         "tool_choice": _tool_choice(req),
     }
+    if req.messages[-1].role == "assistant":  # a prefill: the reply goes on with it
+        body.update(add_generation_prompt=False, continue_final_message=True)
     if req.tool_choice is not None and req.tool_choice.disable_parallel_tool_use:
         body["parallel_tool_calls"] = False
     if req.thinking is not None:

@@ -88,6 +88,16 @@ def test_a_system_prompt_in_blocks_reaches_the_template(client, serve):
     assert r.usage.input_tokens == len(tokenize(serve, expected))
 
 
+def test_a_last_assistant_message_is_a_prefill_the_reply_goes_on_with(client, serve):
+    history = [*USER, {"role": "assistant", "content": "The answer is"}]
+    r = client.messages.create(model=MODEL, max_tokens=4, messages=history)
+    body = {"messages": history, "add_generation_prompt": False, "continue_final_message": True}
+    prompt = httpx.post(f"{serve.url}/tokenize", json=body, timeout=HANG_S).json()["tokens"]
+    assert r.usage.input_tokens == len(prompt)
+    rendered = httpx.post(f"{serve.url}/detokenize", json={"tokens": prompt}, timeout=HANG_S)
+    assert rendered.json()["prompt"].endswith("<|im_start|>assistant\nThe answer is")
+
+
 # message_start, blocks (start, deltas, stop), message_delta, message_stop
 EVENT_ORDER = re.compile(
     r"message_start( content_block_start( content_block_delta)* content_block_stop)*"
