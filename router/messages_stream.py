@@ -10,11 +10,14 @@ counts; an error event in it becomes an `error` event, and the stream ends there
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.router.errors import anthropic_error_type
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -28,9 +31,11 @@ class _Blocks:
     finish_reason: str | None = None
     stop: str | int | None = None
     events: list[str] = field(default_factory=list)
+    failed: bool = False  # an error event was sent: the stream ends there
 
     def emit(self, kind: str, **body: Any) -> None:
         self.events.append(event(kind, {"type": kind, **body}))
+        self.failed = self.failed or kind == "error"
 
     def delta(
         self, block_type: str, delta: dict[str, Any], start: dict[str, Any] | None = None
@@ -61,13 +66,20 @@ async def message_events(
         payload = line.removeprefix("data: ").strip()
         if payload == "[DONE]":
             break
-        chunk = json.loads(payload)
-        if not blocks.started and "error" not in chunk:
-            blocks.started = True
-            blocks.emit("message_start", message=_start(message_id, model, num_prompt_tokens))
-        _translate(blocks, chunk)
+        try:
+            chunk = json.loads(payload)
+            if not blocks.started and "error" not in chunk:
+                blocks.started = True
+                blocks.emit("message_start", message=_start(message_id, model, num_prompt_tokens))
+            _translate(blocks, chunk)
+        except Exception:  # a fault of ours: the client still gets an end, as on the chat path
+            logger.exception("message %s: translating the stream failed", message_id)
+            fault = {"type": "api_error", "message": "the router failed while streaming"}
+            blocks.emit("error", error=fault)
         for item in blocks.events:
             yield item
+        if blocks.failed:
+            break
         blocks.events.clear()
 
 

@@ -84,3 +84,11 @@ def test_an_error_mid_stream_is_an_error_event_in_anthropics_shape():
     out = events([chunk({"content": "ab"}), {"error": error}])
     assert [k for k, _ in out][-1] == "error"
     assert out[-1][1]["error"] == {"type": "api_error", "message": "decode worker failed"}
+
+
+def test_a_fault_in_the_translation_still_ends_the_stream_with_an_error_event():
+    out = events([chunk({"content": "ab"}), {"id": "chatcmpl-1", "no choices": []}, USAGE])
+    assert [k for k, _ in out] == [
+        "message_start", "content_block_start", "content_block_delta", "error",
+    ]  # fmt: skip
+    assert out[-1][1]["error"]["type"] == "api_error"
