@@ -158,7 +158,7 @@ def reason_then_sample(tokenizer, spec, reasoning: str, seed: int) -> str:
     the reasoning."""
     compiler = GrammarCompiler(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
     forced = tokenizer.encode(reasoning, add_special_tokens=False)
-    wrapped = after_reasoning(spec, tokenizer)
+    wrapped = after_reasoning(spec, tokenizer, (tokenizer.eos_token_id,))
     return tokenizer.decode(forced + sample_after(compiler, wrapped, forced, seed, len(tokenizer)))
 
 
@@ -167,7 +167,9 @@ def sample_after(compiler, spec, forced: list[int], seed: int, vocab: int) -> li
     request.grammar = compiler.matcher(spec)
     state = RequestState(request.request_id, [1], [], request.sampling_params, (),
                          torch.Generator().manual_seed(seed), [], 0)  # fmt: skip
-    for token in forced:  # the reasoning: any text, until </think>
+    eos = compiler.eos_token_ids
+    for token in forced:  # the reasoning: any text, until </think>; never the end
+        assert not set(allowed(request.grammar, eos)) or token in eos
         request.append_output_token(token)
         state.append_token(token)
         assert not request.grammar.is_error, request.grammar.error
@@ -180,6 +182,12 @@ def sample_after(compiler, spec, forced: list[int], seed: int, vocab: int) -> li
         state.append_token(token)
     assert request.grammar.is_terminated and not request.grammar.is_error
     return request.output_token_ids[len(forced) :]
+
+
+def allowed(grammar, token_ids: list[int]) -> list[int]:
+    """Those of `token_ids` the grammar allows next."""
+    bits = BitmaskFiller().fill([grammar])[0]
+    return [t for t in token_ids if (int(bits[t // 32]) >> (t % 32)) & 1]
 
 
 REASONING = '<think>\nThey want {"city": ...} <tool_call> maybe </thi no: "quotes"\n</think>'
