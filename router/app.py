@@ -14,7 +14,7 @@ import contextlib
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -28,15 +28,17 @@ from tandem.engine.api.http import KEEP_ALIVE_S as NODE_KEEP_ALIVE_S
 from tandem.engine.api.http import add_http_error_handler, add_validation_handler
 from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.structured.spec import StructuredOutputsParams
-from tandem.engine.telemetry import request_log
 from tandem.engine.telemetry.tracing import Tracing
+from tandem.router.anthropic_protocol import MessagesInput, MessagesRequest
 from tandem.router.cpu_pool import DEFAULT_WORKERS, CpuPool
 from tandem.router.dispatch import READ_TIMEOUT_S, Dispatcher, Job
-from tandem.router.errors import APIError, ModelNotFound, Unauthorized
+from tandem.router.errors import APIError, ModelNotFound, Unauthorized, shaped_for
 from tandem.router.generation import Generation, GenerationRunner
 from tandem.router.http_pool import ClientShards
 from tandem.router.kv_index import PrefixIndex
+from tandem.router.messages import MessagesAPI, add_anthropic_error_shapes
 from tandem.router.metrics import RouterMetrics
+from tandem.router.middleware import AuthAndCount
 from tandem.router.monitor import Discovery, WorkerMonitor
 from tandem.router.policy import Policy
 from tandem.router.preprocess import Preprocessor, Prompt, prompt_items
@@ -102,6 +104,8 @@ class Router:
         self.app.add_middleware(AuthAndCount, router=self)
         add_validation_handler(self.app)
         add_http_error_handler(self.app)
+        add_anthropic_error_shapes(self.app)
+        self.messages = MessagesAPI(self)
         self._add_routes()
 
     @contextlib.asynccontextmanager
@@ -143,15 +147,19 @@ class Router:
 
     # -- checks ---------------------------------------------------------------------------
 
-    def authorize(self, header: str) -> None:
-        """Raise Unauthorized unless keys are off or `header` bears one of them."""
+    def authorize(self, header: str, api_key: str = "") -> None:
+        """Raise Unauthorized unless keys are off, or the `Authorization` header bears one
+        of them, or (Anthropic's way) the `x-api-key` header is one."""
         if not self.options.api_keys:
             return
-        key = header[7:] if header.lower().startswith("bearer ") else ""
+        key = header[7:] if header.lower().startswith("bearer ") else api_key
         if not any(secrets.compare_digest(key, k) for k in self.options.api_keys):
-            raise Unauthorized("a valid API key is required (Authorization: Bearer <key>)")
+            raise Unauthorized(
+                "a valid API key is required (Authorization: Bearer <key>, or x-api-key)"
+            )
 
-    def _check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> None:
+        """Raise ModelNotFound unless `model` is None or the served model."""
         if model is not None and model != self.pre.limits.name:
             raise ModelNotFound(f"The model `{model}` does not exist.", "model")
 
@@ -245,19 +253,38 @@ class Router:
         name = self.pre.limits.name
         return Generation(response_id, name, fmt, jobs, echoes, num_prompt, req.include_usage)
 
+    async def respond_chat(
+        self,
+        req: ChatCompletionRequest,
+        http: Request,
+        on_built: Callable[[Generation], None] = lambda gen: None,
+    ) -> Response:
+        """The chat endpoint's answer (`on_built` sees the generation once it is built).
+        Raises APIError."""
+        params = self._chat_params(req)
+        self.check_model(req.model)
+        base = _base_id(http)
+
+        def build() -> Generation:
+            gen = self._chat(req, params, base)
+            on_built(gen)
+            return gen
+
+        return await self.runner.respond(build, req.stream, http, req.n)
+
     # -- routes ---------------------------------------------------------------------------
 
     def _add_routes(self) -> None:
         app = self.app
 
         @app.exception_handler(APIError)
-        async def api_error(_request: Request, exc: APIError) -> Response:
-            return exc.response()
+        async def api_error(request: Request, exc: APIError) -> Response:
+            return shaped_for(request.url.path, exc)
 
         @app.post("/v1/completions")
         async def completions(req: CompletionRequest, request: Request) -> Response:
             params = self.pre.sampling_params(req, req.max_tokens, req.logprobs)
-            self._check_model(req.model)
+            self.check_model(req.model)
             base = _base_id(request)
             num_choices = len(prompt_items(req)) * req.n
             return await self.runner.respond(
@@ -266,12 +293,15 @@ class Router:
 
         @app.post("/v1/chat/completions")
         async def chat(req: ChatCompletionRequest, request: Request) -> Response:
-            params = self._chat_params(req)
-            self._check_model(req.model)
-            base = _base_id(request)
-            return await self.runner.respond(
-                lambda: self._chat(req, params, base), req.stream, request, req.n
-            )
+            return await self.respond_chat(req, request)
+
+        @app.post("/v1/messages")
+        async def messages(req: MessagesRequest, request: Request) -> Response:
+            return await self.messages.respond(req, request)
+
+        @app.post("/v1/messages/count_tokens")
+        async def count_tokens(req: MessagesInput) -> Response:
+            return await self.messages.count_tokens(req)
 
         @app.post("/v1/responses")
         async def create_response(req: ResponsesRequest, request: Request) -> Response:
@@ -281,7 +311,7 @@ class Router:
             params = self.pre.sampling_params(
                 chat, chat.max_completion_tokens, None, RESPONSES_NAMES
             )
-            self._check_model(req.model)
+            self.check_model(req.model)
             return await self.runner.respond(
                 lambda: self._chat(chat, params, "", response_id, RESPONSES_NAMES),
                 req.stream, request, 1, self.responses.writer(turn),
@@ -306,14 +336,14 @@ class Router:
 
         @app.post("/tokenize")
         async def tokenize(req: TokenizeRequest) -> Response:
-            self._check_model(req.model)
+            self.check_model(req.model)
             if (req.prompt is None) == (req.messages is None):
                 raise APIError("give exactly one of prompt and messages", "prompt")
             if req.messages is not None:
                 tools = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
                 ids = await self.cpu.run(
                     self.pre.encode_messages, req.messages, req.add_generation_prompt, None,
-                    tools, req.chat_template_kwargs,
+                    tools, self.pre.template_kwargs(req),
                 )  # fmt: skip
             else:
                 ids = await self.cpu.run(self.pre.tokenize, req.prompt, req.add_special_tokens)
@@ -324,7 +354,7 @@ class Router:
 
         @app.post("/detokenize")
         async def detokenize(req: DetokenizeRequest) -> Response:
-            self._check_model(req.model)
+            self.check_model(req.model)
             return JSONResponse({"prompt": await self.cpu.run(self.pre.detokenize, req.tokens)})
 
         @app.get("/health")
@@ -349,65 +379,6 @@ def _base_id(request: Request) -> str:
     named one (which it may reuse), a fresh one: ids must be unique downstream."""
     state = request.state
     return uuid.uuid4().hex if state.client_request_id else state.request_id
-
-
-# Paths that need the API key when keys are configured.
-_PROTECTED = ("/v1/", "/tokenize", "/detokenize", "/workers")
-
-
-class AuthAndCount:
-    """ASGI middleware: the request id (the client's `x-request-id`, else a new one: in the
-    response's header, the log lines, and `request.state.request_id`), the API-key check,
-    and the per-endpoint status counter. Plain ASGI (not `BaseHTTPMiddleware`), so streams
-    and disconnects pass through untouched."""
-
-    def __init__(self, app, router: Router) -> None:
-        self.app = app
-        self.router = router
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        path = scope["path"]
-        status = 500
-        headers = dict(scope["headers"])
-        given = request_log.clean(headers.get(request_log.HEADER.encode(), b"").decode("latin-1"))
-        request_id = given or uuid.uuid4().hex
-        scope.setdefault("state", {}).update(request_id=request_id, client_request_id=given)
-
-        async def send_counted(message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                own = (request_log.HEADER.encode(), request_id.encode())
-                message["headers"] = [*message.get("headers", []), own]
-            await send(message)
-
-        try:
-            with request_log.request_context(request_id):
-                if path.startswith(_PROTECTED):
-                    self.router.authorize(headers.get(b"authorization", b"").decode("latin-1"))
-                await self.app(scope, receive, send_counted)
-        except APIError as exc:
-            await exc.response()(scope, receive, send_counted)
-        finally:
-            m = self.router.metrics
-            handler = _handler(path)
-            m.child(m.requests, handler=handler, status=str(status)).inc()
-
-
-_ENDPOINTS = frozenset(
-    ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models", "/tokenize",
-     "/detokenize", "/health", "/metrics", "/workers")
-)  # fmt: skip
-
-
-def _handler(path: str) -> str:
-    """The `handler` label of a path: one of the router's, ids left out, else "other"."""
-    if path in _ENDPOINTS:
-        return path
-    return "/v1/responses/{id}" if path.startswith("/v1/responses/") else "other"
 
 
 # The chat API's names of engine fields, where they differ.

@@ -82,3 +82,41 @@ class ResponseNotFound(APIError):
     `invalid_request_error`)."""
 
     status = 404
+
+
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_type(status: int) -> str:
+    return _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def anthropic_error(
+    status: int, message: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """Anthropic's error body: `{"type": "error", "error": {"type", "message"}}`."""
+    body = {"type": "error", "error": {"type": anthropic_error_type(status), "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def shaped_for(path: str, exc: APIError) -> JSONResponse:
+    """`exc` in the error shape of the API `path` belongs to (Anthropic's or OpenAI's)."""
+    if not is_anthropic(path):
+        return exc.response()
+    response = exc.response()
+    headers = {"Retry-After": response.headers["Retry-After"]} if exc.retry_after else None
+    return anthropic_error(exc.status, exc.message, headers)
+
+
+def is_anthropic(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")

@@ -27,6 +27,7 @@ from tandem.router.protocol import (
     ChatMessage,
     CompletionRequest,
     SamplingFields,
+    TokenizeRequest,
 )
 from tandem.router.reasoning import ReasoningParser
 from tandem.router.reasoning import reasoning_parser as make_reasoning_parser
@@ -123,7 +124,7 @@ class Preprocessor:
         tools = tool_use.tools if tool_use is not None else None
         ids = self.encode_messages(
             req.messages, req.add_generation_prompt, req.chat_template, tools,
-            req.chat_template_kwargs,
+            self.template_kwargs(req),
         )  # fmt: skip
         return self._prompt(ids, None, req.cache_salt)
 
@@ -135,16 +136,10 @@ class Preprocessor:
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
-        """The conversation (and its tools) rendered by the chat template, with the
-        request's `chat_template_kwargs`, tokenized. Raises InvalidRequest."""
+        """The conversation (and its tools) rendered by the chat template, with extra
+        arguments (`template_kwargs`), tokenized. Raises InvalidRequest."""
         if not messages:
             raise InvalidRequest("messages must not be empty", "messages")
-        reserved = _RESERVED_TEMPLATE_NAMES.intersection(template_kwargs or {})
-        if reserved:
-            raise InvalidRequest(
-                f"chat_template_kwargs may not set {', '.join(sorted(reserved))}",
-                "chat_template_kwargs",
-            )
         rendered = [template_message(m, i) for i, m in enumerate(messages)]
         try:
             return encode_chat(
@@ -155,6 +150,26 @@ class Preprocessor:
             raise InvalidRequest(str(exc), "messages") from exc
         except Exception as exc:  # a template error is the request's fault (its messages)
             raise InvalidRequest(f"the chat template failed: {exc}", "messages") from exc
+
+    def template_kwargs(self, req: ChatCompletionRequest | TokenizeRequest) -> dict[str, Any]:
+        """The chat template's extra arguments: the request's `chat_template_kwargs`, and
+        vLLM's `continue_final_message` (the reply goes on with the last assistant
+        message instead of starting a turn). Raises InvalidRequest."""
+        given = req.chat_template_kwargs or {}
+        reserved = _RESERVED_TEMPLATE_NAMES.intersection(given)
+        if reserved:
+            raise InvalidRequest(
+                f"chat_template_kwargs may not set {', '.join(sorted(reserved))}",
+                "chat_template_kwargs",
+            )
+        if not req.continue_final_message:
+            return dict(given)
+        if req.add_generation_prompt:
+            raise InvalidRequest(
+                "continue_final_message needs add_generation_prompt false",
+                "continue_final_message",
+            )
+        return {**given, "continue_final_message": True}
 
     def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -270,7 +285,15 @@ class Preprocessor:
 
 # What the chat template gets from the request's own fields, never from chat_template_kwargs.
 _RESERVED_TEMPLATE_NAMES = frozenset(
-    ("messages", "tools", "add_generation_prompt", "chat_template", "tokenize", "conversation")
+    (
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "chat_template",
+        "tokenize",
+        "conversation",
+        "continue_final_message",
+    )
 )
 
 # The fields whose API default is None, meaning the engine's own default.

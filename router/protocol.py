@@ -156,6 +156,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: say `enable_thinking`
+    continue_final_message: bool = False  # vLLM's: go on with the last assistant message
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -170,6 +171,7 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
     tools: list[Tool] | None = None  # with messages, as the chat template renders them
     chat_template_kwargs: dict[str, Any] | None = None
+    continue_final_message: bool = False
 
 
 class DetokenizeRequest(BaseModel):

@@ -31,21 +31,38 @@ class Reasoned:
     content: str
 
 
+@dataclass(frozen=True)
+class Spans:
+    """Where a reply's parts lie in its text: the reasoning is `text[slice(*reasoning)]`
+    (None: there is none), the content `text[content_start:]`."""
+
+    reasoning: tuple[int, int] | None
+    content_start: int
+    ended: bool = False  # `</think>` was found (at `reasoning[1]`)
+
+
 class ReasoningParser:
     name = ""
     starts_inside = False  # the prompt opened the reasoning
 
     def split(self, text: str, final: bool) -> Reasoned:
         """The reasoning and the content of the reply's whole text so far. Never raises."""
-        blanks = len(text) - len(text.lstrip())
-        head = text[blanks:]
-        if not final and START.startswith(head) and head != START:
-            return Reasoned("" if self.starts_inside else None, "")  # maybe the tag's start
-        if head.startswith(START):
-            return _inside(text, blanks + len(START), final)
+        spans = self.spans(text, final)
+        reasoning = None if spans.reasoning is None else text[slice(*spans.reasoning)]
+        return Reasoned(reasoning, text[spans.content_start :])
+
+    def spans(self, text: str, final: bool, search_from: int = 0) -> Spans:
+        """`split` as positions. `search_from`: no `</think>` starts before it (a stream
+        searched its shorter text), so each piece costs the characters it adds."""
+        blanks = _leading_blanks(text)
+        head = text[blanks : blanks + len(START)]
+        if not final and len(text) - blanks < len(START) and START.startswith(head):
+            return Spans((0, 0) if self.starts_inside else None, len(text))  # a tag's start?
+        if head == START:
+            return _inside(text, blanks + len(START), final, search_from)
         if self.starts_inside:
-            return _inside(text, 0, final)
-        return Reasoned(None, text)
+            return _inside(text, 0, final, search_from)
+        return Spans(None, 0)
 
     def for_prompt(self, prompt_tail: str) -> ReasoningParser | None:
         """The parser for a reply to a prompt that ends in `prompt_tail`: the prompt's
@@ -72,42 +89,56 @@ PARSERS: dict[str, type[ReasoningParser]] = {p.name: p for p in (Qwen3Parser, De
 REASONING_PARSER_CHOICES = ("auto", "none", *PARSERS)
 
 
-def _inside(text: str, start: int, final: bool) -> Reasoned:
+def _inside(text: str, start: int, final: bool, search_from: int) -> Spans:
     """The reasoning from `start` to `</think>`, the content after it."""
-    end = text.find(END, start)
+    end = text.find(END, max(start, search_from))
     if end >= 0:
-        return Reasoned(text[start:end], text[end + len(END) :])
-    return Reasoned(_without_partial(text[start:], END, final), "")
+        return Spans((start, end), end + len(END), ended=True)
+    stop = len(text) if final else _partial_start(text, END)
+    return Spans((start, max(start, stop)), len(text))
 
 
-def _without_partial(text: str, marker: str, final: bool) -> str:
-    """`text`, less an ending that may be the start of `marker` (unless the text is done)."""
-    if final:
-        return text
+def _partial_start(text: str, marker: str) -> int:
+    """Where an ending of `text` that may be the start of `marker` begins (else its end)."""
     for size in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-size:]):
-            return text[:-size]
-    return text
+            return len(text) - size
+    return len(text)
+
+
+def _leading_blanks(text: str) -> int:
+    i = 0
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
 
 
 @dataclass
 class ReasoningStream:
-    """What one streamed choice has sent of its reasoning and content; `update` advances it."""
+    """What one streamed choice has sent of its reasoning and content (characters of
+    each); `update` advances it, reading only what each piece adds."""
 
     parser: ReasoningParser
     reasoning_sent: int = 0
     content_sent: int = 0
+    searched: int = 0  # no `</think>` starts before this
 
-    def update(self, text: str, final: bool) -> tuple[str, str, str]:
-        """(reasoning delta, the whole content so far, content delta) for the choice's
-        whole text so far."""
-        split = self.parser.split(text, final)
-        reasoning = split.reasoning or ""
-        delta = reasoning[self.reasoning_sent :]
-        self.reasoning_sent = max(self.reasoning_sent, len(reasoning))
-        content_delta = split.content[self.content_sent :]
-        self.content_sent = max(self.content_sent, len(split.content))
-        return delta, split.content, content_delta
+    def update(self, text: str, final: bool) -> tuple[str, str, int]:
+        """(reasoning delta, content delta, where the content starts in `text`) for the
+        choice's whole text so far."""
+        spans = self.parser.spans(text, final, self.searched)
+        if spans.ended:
+            self.searched = spans.reasoning[1]  # found: the same place from now on
+        else:
+            self.searched = max(0, len(text) - len(END) + 1)
+        delta = ""
+        if spans.reasoning is not None:
+            start, stop = spans.reasoning
+            delta = text[start + self.reasoning_sent : stop]
+            self.reasoning_sent = max(self.reasoning_sent, stop - start)
+        content_delta = text[spans.content_start + self.content_sent :]
+        self.content_sent += len(content_delta)
+        return delta, content_delta, spans.content_start
 
 
 def detect_reasoning_parser(tokenizer: PreTrainedTokenizerBase) -> str | None:

@@ -6,14 +6,15 @@ It is one llguidance Lark grammar, so the nodes enforce it as they enforce any o
 need no notion of reasoning: the router wraps the spec before it is sent. The answer is
 nested whole (`%json` for a schema, `%lark {...}` for the rest), so its own rules and
 `%ignore`s stay its own. Where the vocabulary has `</think>` as one added token (Qwen3,
-DeepSeek-R1), the grammar names that token, and the reasoning is any tokens but it (special
-ones too), after an optional `<think>` token; where the tag is plain text, the reasoning
-is one lexeme that ends at the first `</think>`.
+DeepSeek-R1), the grammar names that token, and the reasoning is any tokens but it and
+end-of-sequence (special ones too), after an optional `<think>` token; where the tag is
+plain text, the reasoning is one lexeme that ends at the first `</think>`.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
@@ -25,14 +26,18 @@ _BLANKS = r"/[ \t\n]*/"
 
 
 def after_reasoning(
-    spec: StructuredOutputsParams, tokenizer: PreTrainedTokenizerBase
+    spec: StructuredOutputsParams,
+    tokenizer: PreTrainedTokenizerBase,
+    eos_token_ids: Sequence[int] = (),
 ) -> StructuredOutputsParams:
-    """`spec` enforced only once the reasoning has ended. Raises InvalidGrammar for a spec
+    """`spec` enforced only once the reasoning has ended; the end-of-sequence tokens are
+    not allowed in the reasoning (the answer must come). Raises InvalidGrammar for a spec
     llguidance cannot read."""
-    return StructuredOutputsParams(grammar=_reasoning_rules(tokenizer) + _answer_rule(spec))
+    rules = _reasoning_rules(tokenizer, eos_token_ids)
+    return StructuredOutputsParams(grammar=rules + _answer_rule(spec))
 
 
-def _reasoning_rules(tokenizer: PreTrainedTokenizerBase) -> str:
+def _reasoning_rules(tokenizer: PreTrainedTokenizerBase, eos_token_ids: Sequence[int]) -> str:
     end = _token(tokenizer, END)
     if end is None:  # plain text: the reasoning ends at the first `</think>`
         return (
@@ -41,8 +46,10 @@ def _reasoning_rules(tokenizer: PreTrainedTokenizerBase) -> str:
         )
     start = _token(tokenizer, START)
     opening = f"<[{start}]>? " if start is not None else ""
-    # any token but the end, special ones too (a reasoning may mention `<tool_call>`)
-    return f"start: {opening}think <[{end}]> {_BLANKS} answer\nthink: <[^{end}]>*\n"
+    # any token but the end and end-of-sequence, special ones too (a reasoning may
+    # mention `<tool_call>`)
+    barred = ",".join(str(t) for t in sorted({end, *eos_token_ids}))
+    return f"start: {opening}think <[{end}]> {_BLANKS} answer\nthink: <[^{barred}]>*\n"
 
 
 def _answer_rule(spec: StructuredOutputsParams) -> str:

@@ -207,7 +207,9 @@ class ChatFormat:
             return "", state.text, record["text"]
         if state.reasoning_stream is None:
             state.reasoning_stream = ReasoningStream(self.reasoning)
-        return state.reasoning_stream.update(state.text, final)
+        delta, content_delta, content_start = state.reasoning_stream.update(state.text, final)
+        content = state.text[content_start:] if self.parser is not None else ""
+        return delta, content, content_delta
 
     def _tool_pieces(
         self, state: ChoiceState, content: str, reasoning: str, final: bool, first: bool

@@ -104,7 +104,8 @@ class StructuredOutputs:
         """`spec` applied only once the reasoning ends (`</think>`), compiled once to
         check it. Raises InvalidRequest."""
         try:
-            wrapped = after_reasoning(spec, self.grammars.tokenizer)
+            grammars = self.grammars
+            wrapped = after_reasoning(spec, grammars.tokenizer, grammars.eos_token_ids)
             self.grammars.validate(wrapped)
         except InvalidGrammar as exc:
             raise InvalidRequest(f"the grammar after the reasoning: {exc}") from exc

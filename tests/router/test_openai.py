@@ -247,6 +247,11 @@ def test_invalid_completion_parameters_are_400(serve, body, param):
         {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
         {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
         {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": "x"},
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "chat_template_kwargs": {"add_generation_prompt": False},
+        },
     ],
 )
 def test_invalid_chat_requests_are_400(serve, body):

@@ -63,7 +63,7 @@ def stream(parser, pieces: list[str]) -> tuple[str, str]:
     state, text, reasoning, content = ReasoningStream(parser), "", "", ""
     for i, piece in enumerate(pieces):
         text += piece
-        r, _whole, c = state.update(text, final=i == len(pieces) - 1)
+        r, c, _content_start = state.update(text, final=i == len(pieces) - 1)
         reasoning, content = reasoning + r, content + c
     return reasoning, content
 
@@ -80,6 +80,36 @@ def test_streamed_deltas_add_up_whatever_the_split(parser, text, reasoning, cont
     for shorter, longer in itertools.pairwise(growing):
         assert (longer.reasoning or "").startswith(shorter.reasoning or "")
         assert longer.content.startswith(shorter.content)
+
+
+class Reads(str):
+    """A text that counts the characters searched (`find`) and sliced out of it."""
+
+    reads = 0
+
+    def find(self, sub, start=0, *rest):
+        Reads.reads += len(self) - start
+        return super().find(sub, start, *rest)
+
+    def __getitem__(self, key):
+        got = super().__getitem__(key)
+        Reads.reads += len(got)
+        return got
+
+
+@pytest.mark.parametrize("parser", [Qwen3Parser(), DeepSeekR1Parser()])
+def test_streaming_a_long_reasoning_reads_each_character_a_bounded_number_of_times(parser):
+    """Work per piece is the piece's characters: 24k characters of reasoning streamed 4 at a
+    time read each character a few times in all (a split of the whole text per piece
+    reads about 70 million)."""
+    text = "<think>" + "lorem ipsum " * 2000 + "</think>The answer."
+    state, pieces = ReasoningStream(parser), []
+    Reads.reads = 0
+    for end in [*range(4, len(text), 4), len(text)]:
+        pieces.append(state.update(Reads(text[:end]), final=end == len(text)))
+    assert Reads.reads < 3 * len(text) + 40 * len(pieces)
+    assert "".join(p[0] for p in pieces) == "lorem ipsum " * 2000
+    assert "".join(p[1] for p in pieces) == "The answer."
 
 
 def test_the_prompt_has_the_first_say():
@@ -128,7 +158,7 @@ def reason_then_sample(tokenizer, spec, reasoning: str, seed: int) -> str:
     the reasoning."""
     compiler = GrammarCompiler(tokenizer, len(tokenizer), (tokenizer.eos_token_id,))
     forced = tokenizer.encode(reasoning, add_special_tokens=False)
-    wrapped = after_reasoning(spec, tokenizer)
+    wrapped = after_reasoning(spec, tokenizer, (tokenizer.eos_token_id,))
     return tokenizer.decode(forced + sample_after(compiler, wrapped, forced, seed, len(tokenizer)))
 
 
@@ -137,7 +167,9 @@ def sample_after(compiler, spec, forced: list[int], seed: int, vocab: int) -> li
     request.grammar = compiler.matcher(spec)
     state = RequestState(request.request_id, [1], [], request.sampling_params, (),
                          torch.Generator().manual_seed(seed), [], 0)  # fmt: skip
-    for token in forced:  # the reasoning: any text, until </think>
+    eos = compiler.eos_token_ids
+    for token in forced:  # the reasoning: any text, until </think>; never the end
+        assert not set(allowed(request.grammar, eos)) or token in eos
         request.append_output_token(token)
         state.append_token(token)
         assert not request.grammar.is_error, request.grammar.error
@@ -150,6 +182,12 @@ def sample_after(compiler, spec, forced: list[int], seed: int, vocab: int) -> li
         state.append_token(token)
     assert request.grammar.is_terminated and not request.grammar.is_error
     return request.output_token_ids[len(forced) :]
+
+
+def allowed(grammar, token_ids: list[int]) -> list[int]:
+    """Those of `token_ids` the grammar allows next."""
+    bits = BitmaskFiller().fill([grammar])[0]
+    return [t for t in token_ids if (int(bits[t // 32]) >> (t % 32)) & 1]
 
 
 REASONING = '<think>\nThey want {"city": ...} <tool_call> maybe </thi no: "quotes"\n</think>'

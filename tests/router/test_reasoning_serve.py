@@ -5,6 +5,7 @@ So the protocol is what is checked: where the text goes, streamed or not."""
 
 from __future__ import annotations
 
+import anthropic
 import openai
 import pytest
 
@@ -66,3 +67,18 @@ def test_a_grammar_leaves_the_reasoning_free(client):
         )
     ]  # fmt: skip
     assert replies[0] and replies[0] == replies[1] and replies[0][:1] not in ("{", "x")
+
+
+def test_messages_carry_the_reasoning_as_thinking_blocks(serve):
+    client = anthropic.Anthropic(base_url=serve.url, api_key="unused", max_retries=0)
+    args = dict(model=MODEL, max_tokens=12, messages=MESSAGES, extra_body={"temperature": 0})
+    whole = client.messages.create(**args)
+    assert [b.type for b in whole.content] == ["thinking"] and whole.stop_reason == "max_tokens"
+    events = list(client.messages.create(**args, stream=True))
+    types = [e.type for e in events]
+    assert types[:2] == ["message_start", "content_block_start"]
+    assert types[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert events[1].content_block.type == "thinking"
+    deltas = [e.delta for e in events if e.type == "content_block_delta"]
+    assert {d.type for d in deltas} == {"thinking_delta"}
+    assert "".join(d.thinking for d in deltas) == whole.content[0].thinking
