@@ -205,7 +205,10 @@ def test_a_streamed_call_sends_its_arguments_in_fragments(client):
 
 
 def test_a_json_schema_format_yields_json_that_validates(client):
-    schema = {"type": "object", "properties": {"n": {"type": "integer"}},
+    # bounded, so that a random model's answer fits the budget (an unbounded integer may
+    # run to any number of digits)
+    number = {"type": "integer", "minimum": 0, "maximum": 999}
+    schema = {"type": "object", "properties": {"n": number},
               "required": ["n"], "additionalProperties": False}  # fmt: skip
     fmt = {"type": "json_schema", "name": "number", "schema": schema, "strict": True}
     response = client.responses.create(
