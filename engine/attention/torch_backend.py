@@ -4,14 +4,15 @@ Decoding sequences (one query token) are sorted by context length and attend in 
 groups, each padded only to its own longest context; prefill chunks attend one sequence at
 a time, so padding never multiplies a long chunk by the batch size.
 
-A decode group's K/V are gathered head-major (one contiguous [S, D] matrix per KV head and
-sequence) and attended by two batched matmuls around a float32 softmax, its GQA group of
-query heads as G rows against one KV head, so no head is expanded. Torch's fused CPU
-`scaled_dot_product_attention` costs about 15 us per (sequence, KV head) at G = 3 query
-rows: 3-6 times the matmuls at 16 sequences (docs/notes/performance-2026-11-engine.md).
-In bfloat16 the scores leave the matmul rounded to bfloat16 (as in transformers' eager
-attention), then the softmax runs in float32. Prefill chunks run the fused SDPA on strided
-views of the gathered K/V.
+A decode group of 8 sequences or more gathers its K/V head-major (one contiguous [S, D]
+matrix per KV head and sequence) and attends by two batched matmuls around a float32
+softmax, its GQA group of query heads as G rows against one KV head, so no head is
+expanded. Torch's fused CPU `scaled_dot_product_attention` costs about 15 us per
+(sequence, KV head) at G = 3 query rows: 3-6 times the matmuls at 16 sequences
+(docs/notes/performance-2026-11-engine.md). In bfloat16 the scores leave the matmul
+rounded to bfloat16 (as in transformers' eager attention), then the softmax runs in
+float32. Smaller decode groups and prefill chunks run the fused SDPA on strided views of
+the gathered K/V; no KV head is expanded either way.
 `tandem.kernels.reference.attention_ref` is the plain-math oracle the tests hold this to.
 """
 
@@ -65,13 +66,10 @@ class DecodeGroup:
     # [Bg] int64: rows of the flat batch; None when the group is rows 0..Bg-1 in order
     token_idx: torch.Tensor | None
     block_tables: torch.Tensor  # [Bg, MBg] int
-    # additive, 0 where key j < seq_len, else -inf. Batched (Bg > 1): [Bg, 1, MBg * bs]
-    # float32 for the matmuls; one sequence: [1, 1, 1, MBg * bs] in the queries' dtype for SDPA
+    # additive, 0 where key j < seq_len, else -inf. `batched`: [Bg, 1, MBg * bs] float32 for
+    # the matmuls; else [Bg, 1, 1, MBg * bs] in the queries' dtype for SDPA
     mask: torch.Tensor
-
-    @property
-    def batched(self) -> bool:
-        return len(self.block_tables) > 1
+    batched: bool
 
 
 @dataclass(frozen=True)
@@ -100,12 +98,16 @@ class TorchAttentionBackend(AttentionBackend):
         *,
         sliding_window: int = 0,
         dtype: torch.dtype = torch.float32,
+        batched_from: int = 8,
     ) -> None:
         """`sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p. `dtype`:
         the queries' dtype, in which the masks are built once per step (SDPA would otherwise
-        turn a boolean mask into an additive one in every layer)."""
+        turn a boolean mask into an additive one in every layer). A decode group of
+        `batched_from` sequences or more attends by batched matmuls, a smaller one by SDPA
+        (at 4 sequences the two cost the same with one thread, SDPA 10% less with two)."""
         self.block_size = block_size
         self.decode_group_size = decode_group_size
+        self.batched_from = batched_from
         self.sliding_window = sliding_window
         self.dtype = dtype
         # Reused by every gather: fresh multi-MiB outputs each layer would cost page faults.
@@ -139,7 +141,8 @@ class TorchAttentionBackend(AttentionBackend):
         mask = keys < seq_lens[:, None]
         if self.sliding_window:
             mask &= keys >= seq_lens[:, None] - self.sliding_window
-        if len(rows) > 1:
+        batched = len(rows) >= self.batched_from
+        if batched:
             additive = np.where(mask, np.float32(0), np.float32(-np.inf))[:, None]
             mask = torch.from_numpy(additive).to(device)
         else:
@@ -148,6 +151,7 @@ class TorchAttentionBackend(AttentionBackend):
             token_idx=None if in_order else torch.from_numpy(token_idx).to(device),
             block_tables=torch.from_numpy(tables).to(device),
             mask=mask,
+            batched=batched,
         )
 
     def _prefill_slice(
@@ -221,10 +225,10 @@ class TorchAttentionBackend(AttentionBackend):
         g: DecodeGroup,
         scale: float,
     ) -> torch.Tensor:  # [Bg, Hkv, G, D]
-        """Batched matmuls for a group of sequences; fused SDPA for one sequence alone, where
-        the matmuls' extra small ops cost more than SDPA's per-head overhead saves."""
+        """Batched matmuls for a large group; fused SDPA for a small one, where the matmuls'
+        extra small ops cost more than SDPA's per-head overhead saves."""
         if not g.batched:
-            k, v = self._gather(kv_layer, g.block_tables)  # [1, S, Hkv, D]
+            k, v = self._gather(kv_layer, g.block_tables)  # [Bg, S, Hkv, D]
             return F.scaled_dot_product_attention(
                 q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=g.mask, scale=scale
             )

@@ -90,7 +90,7 @@ def test_bf16_decode_is_float64_attention_within_bf16_rounding(decode_group_size
     common = CommonAttentionMetadata.from_host(
         np.arange(6, dtype=np.int32), seq_lens, tables.numpy(), slots.numpy(), torch.device("cpu")
     )
-    backend = TorchAttentionBackend(block_size, decode_group_size, dtype=bf16)
+    backend = TorchAttentionBackend(block_size, decode_group_size, dtype=bf16, batched_from=2)
     out = backend.forward(q, new_k, new_v, kv_layer, backend.build(common), scale=0.25)
     k, v = gather_kv_ref(kv_layer, tables)  # [B, S, Hkv, D]
     for b, n in enumerate(seq_lens.tolist()):
@@ -154,8 +154,9 @@ def test_rotary_joins_query_and_key_only_when_they_tile_each_row():
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (8, 1)])
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("decode_group_size", [2, 3, 16])  # 3: groups of 3 and 1
+@pytest.mark.parametrize("batched_from", [2, 8])  # the matmuls from 2 sequences on; SDPA only
 def test_backend_on_a_mixed_batch_with_scattered_blocks(
-    num_heads, num_kv_heads, block_size, decode_group_size
+    num_heads, num_kv_heads, block_size, decode_group_size, batched_from
 ):
     torch.manual_seed(0)
     head_dim, num_blocks = 16, 64
@@ -190,7 +191,7 @@ def test_backend_on_a_mixed_batch_with_scattered_blocks(
     q = torch.randn(int(qsl[-1]), num_heads, head_dim)
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, seqs)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, seqs)])
-    backend = TorchAttentionBackend(block_size, decode_group_size)
+    backend = TorchAttentionBackend(block_size, decode_group_size, batched_from=batched_from)
     metadata = backend.build(common)
     assert len(metadata.decodes) == -(-4 // decode_group_size)
     assert len(metadata.prefills) == 2
