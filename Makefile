@@ -12,7 +12,7 @@ TRITON_VERSION ?= 3.9.0
 PYTEST_ARGS ?=
 SERVE_ARGS ?=
 
-.PHONY: install prometheus test test-gpu test-e2e e2e-image lint format serve bench bench-serve clean image
+.PHONY: install prometheus clients test test-gpu test-e2e e2e-image lint format serve bench bench-serve clean image
 
 install: $(STAMP)
 
@@ -38,7 +38,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-test: install prometheus
+# Client libraries whose pins clash with the project's get a venv of their own: instructor
+# caps jiter below what the current openai needs, so in .venv it would downgrade openai.
+# tests/router/test_client_libraries.py runs its client with this venv's python.
+CLIENTS_VENV ?= .venv-clients
+CLIENTS_STAMP := $(CLIENTS_VENV)/.installed-stamp
+clients: $(CLIENTS_STAMP)
+
+$(CLIENTS_STAMP): Makefile
+	test -x $(CLIENTS_VENV)/bin/python || $(PYTHON) -m venv $(CLIENTS_VENV)
+	$(CLIENTS_VENV)/bin/python -P -m pip install -q "instructor>=1.10" "pydantic>=2.8"
+	touch $(CLIENTS_STAMP)
+
+test: install prometheus clients
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not gpu and not e2e" $(PYTEST_ARGS)
@@ -102,4 +114,4 @@ image:
 	@echo "built $(IMAGE) with $(BUILDER)"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache models
+	rm -rf $(VENV) $(CLIENTS_VENV) .pytest_cache .ruff_cache models
