@@ -4,6 +4,8 @@ and helpers to start extra routers over the same or other workers."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -22,6 +24,9 @@ TOKEN = DeploymentToken("tests-of-the-router-0123456789")
 NODE_HEADERS = TOKEN.headers()
 
 SERVE_FLAGS = ("--max-model-len", "512", "--num-kv-blocks", "256", "--log-level", "warning")
+# For a module whose prompts carry tool signatures: several hundred tokens with the tiny
+# tokenizer, longer than SERVE_FLAGS' server takes.
+LONG_PROMPT_FLAGS = ("--max-model-len", "2048", "--num-kv-blocks", "512", "--log-level", "warning")
 
 
 class ServeProc(Proc):
@@ -72,6 +77,17 @@ class RouterProc(Proc):
         ]  # fmt: skip
 
 
+@contextmanager
+def serving(model: Path, log_dir: Path, *flags: str) -> Iterator[ServeProc]:
+    """A started, ready `tandem serve` of `model` with `flags`, stopped on exit."""
+    proc = ServeProc(model, log_dir, *flags)
+    try:
+        proc.start().wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
 @pytest.fixture(scope="session")
 def router_logs(tmp_path_factory):
     return tmp_path_factory.mktemp("router-logs")
@@ -79,12 +95,8 @@ def router_logs(tmp_path_factory):
 
 @pytest.fixture(scope="package")
 def serve(llama_dir, router_logs):
-    proc = ServeProc(llama_dir, router_logs, "--prefill", "1", "--decode", "1", *SERVE_FLAGS)
-    try:
-        proc.start().wait_ready()
-        yield proc
-    finally:
-        proc.stop()
+    with serving(llama_dir, router_logs, "--prefill", "1", "--decode", "1", *SERVE_FLAGS) as p:
+        yield p
 
 
 @pytest.fixture(scope="package")
@@ -106,9 +118,5 @@ def qwen3_serve(qwen3_dir, router_logs):
     it has none."""
     flags = ("--prefill", "1", "--decode", "1", "--reasoning-parser", "deepseek_r1")
     limits = ("--max-model-len", "1024", "--num-kv-blocks", "256", "--log-level", "warning")
-    proc = ServeProc(qwen3_dir, router_logs, *flags, *limits)
-    try:
-        proc.start().wait_ready()
+    with serving(qwen3_dir, router_logs, *flags, *limits) as proc:
         yield proc
-    finally:
-        proc.stop()

@@ -15,7 +15,7 @@ import pytest
 
 from tests.bounds import HANG_S
 from tests.disagg.nodes import wait_until
-from tests.router.conftest import RouterProc, ServeProc
+from tests.router.conftest import LONG_PROMPT_FLAGS, RouterProc, serving
 
 MODEL = "llama"
 USER = [{"role": "user", "content": "Tell me about the weather."}]
@@ -39,15 +39,10 @@ GREEDY = {"extra_body": {"temperature": 0}}
 
 @pytest.fixture(scope="module")
 def serve(llama_dir, router_logs):
-    """A `tandem serve` of this module's own: tool signatures make prompts of several
-    hundred tokens with the tiny tokenizer, longer than the package's server takes."""
-    flags = ("--max-model-len", "2048", "--num-kv-blocks", "512", "--log-level", "warning")
-    proc = ServeProc(llama_dir, router_logs, "--prefill", "1", "--decode", "1", *flags)
-    try:
-        proc.start().wait_ready()
+    """A `tandem serve` of this module's own, for prompts with tool signatures."""
+    roles = ("--prefill", "1", "--decode", "1")
+    with serving(llama_dir, router_logs, *roles, *LONG_PROMPT_FLAGS) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

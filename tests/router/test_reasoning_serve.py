@@ -9,7 +9,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.router.conftest import SERVE_FLAGS, ServeProc
+from tests.router.conftest import SERVE_FLAGS, serving
 
 MODEL = "llama"
 MESSAGES = [{"role": "user", "content": "Think it over."}]
@@ -18,12 +18,8 @@ MESSAGES = [{"role": "user", "content": "Think it over."}]
 @pytest.fixture(scope="module")
 def serve(llama_dir, router_logs):
     flags = ("--prefill", "1", "--decode", "1", "--reasoning-parser", "deepseek_r1")
-    proc = ServeProc(llama_dir, router_logs, *flags, *SERVE_FLAGS)
-    try:
-        proc.start().wait_ready()
+    with serving(llama_dir, router_logs, *flags, *SERVE_FLAGS) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from tandem.engine.tokenizer import encode_chat
 from tests.disagg.nodes import metric_value
-from tests.router.conftest import ServeProc
+from tests.router.conftest import LONG_PROMPT_FLAGS, serving
 
 MODEL = "llama"
 MESSAGES = [{"role": "user", "content": "Fill in the form."}]
@@ -55,15 +55,10 @@ ADD = {
 
 @pytest.fixture(scope="module")
 def serve(llama_dir, router_logs):
-    """A `tandem serve` of this module's own: tool signatures make prompts of several
-    hundred tokens with the tiny tokenizer, longer than the package's server takes."""
-    flags = ("--max-model-len", "2048", "--num-kv-blocks", "512", "--log-level", "warning")
-    proc = ServeProc(llama_dir, router_logs, "--prefill", "1", "--decode", "1", *flags)
-    try:
-        proc.start().wait_ready()
+    """A `tandem serve` of this module's own, for prompts with tool signatures."""
+    roles = ("--prefill", "1", "--decode", "1")
+    with serving(llama_dir, router_logs, *roles, *LONG_PROMPT_FLAGS) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module")
