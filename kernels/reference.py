@@ -61,8 +61,9 @@ def gather_kv_by_head(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # two [Hkv, B, MB * bs, D] views of the workspace
     """K and V of each sequence, one contiguous [S, D] matrix per KV head and sequence: the
     operands of a batched matmul (a [B, S, Hkv, D] copy would leave each head's rows strided,
-    which torch's bmm copies again). One `index_select` each over the cache's head-major view
-    (within a block a head's rows are D apart, so it copies D elements at a time)."""
+    which torch's bmm copies again). One `index_select` for K and V together over the
+    cache's head-major view (within a block a head's rows are D apart, so it copies D
+    elements at a time)."""
     num_seqs, max_blocks = block_tables.shape
     _, _, block_size, num_kv_heads, head_dim = kv_layer.shape
     index = block_tables.reshape(-1).long()

@@ -30,9 +30,8 @@ def simulate(
     `attainment`, the run stops as soon as the SLOs cannot be met at that share
     (`stopped_early` in the summary; its figures are those of the requests seen so far)."""
     start = time.perf_counter()
-    fitted = fit_lengths(requests, config.max_model_len)
-    watch = None if attainment is None else SLOWatch(slo, attainment, len(fitted))
-    cluster, records = run_cluster(config, shape, profile, fitted, faults, seed, watch)
+    watch = None if attainment is None else SLOWatch(slo, attainment, len(requests))
+    cluster, records = run_cluster(config, shape, profile, requests, faults, seed, watch)
     summary = summarize(cluster, records, slo)
     summary["stopped_early"] = cluster.events.stopped
     summary["num_events"] = cluster.events.num_events
