@@ -19,6 +19,7 @@ from tandem.operator.kube import KubeApi
 from tests.operator.e2e.cluster import Install, OperatorProc, delete_namespace, install
 from tests.operator.e2e.control_plane import ControlPlane, kube_bin
 from tests.operator.e2e.node import NODE_IP, HostNetwork, Node, missing
+from tests.operator.e2e.pairing import pod_log
 
 KUBECONFIG = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
 NO_CLUSTER = (
@@ -101,3 +102,27 @@ def start_operator(setup, operator_logs):
     yield start
     for proc in started:
         proc.stop()
+
+
+LOG_TAIL_LINES = 60
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used the deployment gets the tail of each of its pods' logs as a
+    report section, so a CI log says what the pods did (read while they still live)."""
+    report = yield
+    served = item.funcargs.get("ready") or item.funcargs.get("served")
+    if report.when == "call" and report.failed and served is not None:
+        report.sections.append(("pod logs", _pod_logs(served)))
+    return report
+
+
+def _pod_logs(served) -> str:
+    parts = []
+    for role in ("router", "prefill", "decode"):
+        for pod in served.pods(role):
+            name = pod["metadata"]["name"]
+            lines = pod_log(served.api, served.namespace, name).splitlines()[-LOG_TAIL_LINES:]
+            parts.append(f"--- {name} ({role}), last {len(lines)} lines\n" + "\n".join(lines))
+    return "\n".join(parts)
