@@ -101,6 +101,10 @@ class BlockPool:
         self.num_evictions = 0
         self.record_events = record_events
         self.events: list[tuple[bool, BlockHash]] = []
+        # With KV tiers (`tandem.engine.core.kv_tiers`): (block, hash) of every block
+        # published in the prefix cache since the tiers last drained this list.
+        self.keep_published = False
+        self.published: list[tuple[KVCacheBlock, BlockHash]] = []
 
     @property
     def num_free_blocks(self) -> int:
@@ -158,6 +162,8 @@ class BlockPool:
                 continue
             block.block_hash = block_hash
             self.cached[block_hash] = block
+            if self.keep_published:
+                self.published.append((block, block_hash))
             if self.record_events:
                 self.events.append((True, block_hash))
 

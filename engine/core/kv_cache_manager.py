@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tandem.engine.core.block_hash import block_extra_keys, hash_blocks
 from tandem.engine.core.block_pool import BlockCounts, BlockPool, KVCacheBlock
+from tandem.engine.core.kv_tiers import KVTiers, TierHit
 from tandem.engine.core.request import Request
+from tandem.engine.core.tier_ops import TierTransport
 
 
 @dataclass(frozen=True)
 class ComputedBlocks:
-    """A prefix-cache hit: blocks whose KV is already computed, and how many tokens they hold."""
+    """A prefix-cache hit: blocks whose KV is already computed, and how many tokens they
+    hold; `lower`: the blocks that continue the prefix in a lower KV tier (to load first)."""
 
     blocks: tuple[KVCacheBlock, ...] = ()
     num_tokens: int = 0
+    lower: tuple[TierHit, ...] = ()
 
 
 @dataclass
@@ -23,7 +28,8 @@ class PrefixCacheStats:
     """Counted in tokens, like vLLM: queried prompt tokens and those found cached."""
 
     queries: int = 0
-    hits: int = 0
+    hits: int = 0  # in every tier
+    tier_hits: Counter[str] = field(default_factory=Counter)  # "device" | "host" | "disk"
 
 
 @dataclass
@@ -48,12 +54,22 @@ class KVCacheManager:
     # Extra references owned by something other than a request: blocks a NIXL transfer may
     # still read or write, keyed by whoever releases them.
     _holds: dict[str, list[KVCacheBlock]] = field(default_factory=dict)
+    # The host (and disk) tiers under the pool, once the runner's copier exists.
+    tiers: KVTiers | None = None
 
     def __post_init__(self) -> None:
         self.pool = BlockPool(self.num_blocks, self.enable_caching, self.record_events)
 
     def usage(self) -> float:
         return self.pool.usage()
+
+    def attach_tiers(
+        self, transport: TierTransport, host_blocks: int, disk_blocks: int = 0, block_bytes: int = 0
+    ) -> KVTiers:
+        """Put lower KV tiers under the pool, their copies run by `transport` (the runner's
+        `TierCopier`); before the first request."""
+        self.tiers = KVTiers(self.pool, transport, host_blocks, disk_blocks, block_bytes)
+        return self.tiers
 
     def block_ids(self, request_id: str) -> list[int]:
         """The request's block table (live list, owned by the manager: do not mutate)."""
@@ -69,10 +85,11 @@ class KVCacheManager:
             return self.num_blocks_needed(num_prompt_tokens)
         return num_computed_tokens // self.block_size
 
-    def get_computed_blocks(self, request: Request) -> ComputedBlocks:
+    def get_computed_blocks(self, request: Request, lower: bool = True) -> ComputedBlocks:
         """Longest cached prefix of the request's full blocks, leaving at least one token to
-        compute (the model must run to produce logits). No side effect: the scheduler counts
-        the prefix-cache stats once, when it admits the request."""
+        compute (the model must run to produce logits): device hits, then (with tiers, and
+        `lower`) the run that continues in a lower tier. No side effect: the scheduler
+        counts the prefix-cache stats once, when it admits the request."""
         if not self.enable_caching:
             return ComputedBlocks()
         self._update_hashes(request)
@@ -83,7 +100,10 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        return ComputedBlocks(tuple(hits), len(hits) * self.block_size)
+        below: tuple[TierHit, ...] = ()
+        if lower and self.tiers is not None:
+            below = tuple(self.tiers.lookup(request.block_hashes[len(hits) : max_hit_blocks]))
+        return ComputedBlocks(tuple(hits), len(hits) * self.block_size, below)
 
     def can_allocate(
         self, request: Request, num_new_tokens: int, computed: ComputedBlocks = ComputedBlocks()
@@ -171,6 +191,10 @@ class KVCacheManager:
         for blocks in self._holds.values():
             for block in blocks:
                 refs[block.block_id] += 1
+        if self.tiers is not None:
+            for block in self.tiers.held_blocks():
+                refs[block.block_id] += 1
+            self.tiers.check_integrity()
         for block in self.pool.blocks:
             assert block.ref_cnt == refs[block.block_id], (block, refs[block.block_id])
         return counts

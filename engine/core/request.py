@@ -25,6 +25,8 @@ class RequestStatus(enum.IntEnum):
     WAITING_FOR_REMOTE_KV = 6
     # Failed for a reason other than the client (e.g. remote prefill failed, policy "fail").
     FINISHED_ERROR = 7
+    # Stepped aside while its prefix is copied up from a lower KV tier (no blocks of its own).
+    WAITING_FOR_KV_LOAD = 8
 
     @property
     def is_finished(self) -> bool:
@@ -98,6 +100,8 @@ class Request:
         self.prefill_worker: str | None = None
         self.num_remote_skip_blocks = 0
         self.num_remote_attempts = 0
+        # KV tiers: its prefix was loaded from a lower tier once (never twice).
+        self.tier_loaded = False
 
     @property
     def num_tokens(self) -> int:

@@ -12,6 +12,11 @@ plus the first decode step (all or nothing, not published in the prefix cache ye
 in `remote` for the prefill node to push its KV. Its destination blocks are never freed while
 a write may still land: whatever ends the wait (abort, failure) moves them under a hold that
 the node releases once the prefill node confirms, or its deadline passes.
+
+With KV tiers under the pool (`tandem.engine.core.kv_tiers`), a waiting request whose prefix
+continues in a lower tier steps aside into `loading` while its blocks are copied up, and
+comes back to the head of the queue when they landed; each step's published blocks are
+copied down after it.
 """
 
 from __future__ import annotations
@@ -123,6 +128,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.remote: dict[str, Request] = {}
+        self.loading: dict[str, Request] = {}  # prefixes being loaded from a lower KV tier
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         # Holds taken since the node last drained this list.
@@ -148,6 +154,7 @@ class Scheduler:
         `num_computed_tokens` advances only in `update_from_output`. The output's `plan`
         assumes the runner runs it before the next `schedule` whenever it is not empty."""
         out = SchedulerOutput()
+        self._poll_tiers()
         budget = self._schedule_running(self.config.max_num_batched_tokens, out)
         if not out.preempted:
             self._schedule_waiting(budget, out)
@@ -172,11 +179,15 @@ class Scheduler:
 
     def _schedule_waiting(self, budget: int, out: SchedulerOutput) -> None:
         max_seqs = self.config.max_num_seqs
-        while self.waiting and budget > 0 and len(self.running) + len(self.remote) < max_seqs:
+        while self.waiting and budget > 0 and self._num_admitted < max_seqs:
             request = self.waiting[0]
             computed = ComputedBlocks()
             if request.num_computed_tokens == 0:
-                computed = self.kv.get_computed_blocks(request)
+                computed = self.kv.get_computed_blocks(request, lower=not request.tier_loaded)
+            if computed.lower:
+                if not self._start_load(request, computed):
+                    break
+                continue
             num_new = request.num_tokens - request.num_computed_tokens - computed.num_tokens
             if request.prefill_worker is not None:
                 if num_new >= self.remote_prefill_threshold:
@@ -192,6 +203,34 @@ class Scheduler:
             self._admit(request, computed)
             out.add(request, num_new)
             budget -= num_new
+
+    @property
+    def _num_admitted(self) -> int:
+        return len(self.running) + len(self.remote) + len(self.loading)
+
+    def _start_load(self, request: Request, computed: ComputedBlocks) -> bool:
+        """Step `request` aside while `computed.lower` is copied up into fresh blocks (its
+        device hits kept meanwhile); False if the pool cannot spare the blocks now."""
+        num_reclaimed = sum(1 for b in computed.blocks if b.ref_cnt == 0)
+        if len(computed.lower) + num_reclaimed > self.kv.pool.num_free_blocks:
+            return False
+        self.waiting.popleft()
+        self._count_prefix_hit(request, computed)
+        request.tier_loaded = True
+        request.status = RequestStatus.WAITING_FOR_KV_LOAD
+        self.loading[request.request_id] = request
+        self.kv.tiers.load(request.request_id, computed.lower, computed.blocks)
+        return True
+
+    def _poll_tiers(self) -> None:
+        """Apply the finished tier copies: loaded requests go back to the head of the queue
+        (in arrival order), where admission finds their blocks in the device cache."""
+        if self.kv.tiers is None:
+            return
+        loaded = [self.loading.pop(rid) for rid in self.kv.tiers.poll() if rid in self.loading]
+        for request in sorted(loaded, key=lambda r: r.arrival_time, reverse=True):
+            request.status = RequestStatus.WAITING
+            self.waiting.appendleft(request)
 
     def _admit_remote(
         self, request: Request, computed: ComputedBlocks, out: SchedulerOutput
@@ -251,11 +290,17 @@ class Scheduler:
         self.abandoned_remote.append(hold)
 
     def _count_prefix_hit(self, request: Request, computed: ComputedBlocks) -> None:
-        """On a request's first admission (not after preemption or a failed remote try)."""
-        if request.status == RequestStatus.WAITING:
-            request.num_cached_tokens = computed.num_tokens
-            self.kv.stats.queries += request.num_tokens
-            self.kv.stats.hits += computed.num_tokens
+        """On a request's first admission (not after preemption, a failed remote try or a
+        load from a lower tier): device hits and those it loads from lower tiers."""
+        if request.status == RequestStatus.WAITING and not request.tier_loaded:
+            lower = len(computed.lower) * self.kv.block_size
+            request.num_cached_tokens = computed.num_tokens + lower
+            stats = self.kv.stats
+            stats.queries += request.num_tokens
+            stats.hits += computed.num_tokens + lower
+            stats.tier_hits["device"] += computed.num_tokens
+            for hit in computed.lower:
+                stats.tier_hits[hit.tier] += self.kv.block_size
 
     def _admit(self, request: Request, computed: ComputedBlocks) -> None:
         self._count_prefix_hit(request, computed)
@@ -289,6 +334,8 @@ class Scheduler:
             if status is not None:
                 self._finish(request, status)
                 finished.append(request)
+        if self.kv.tiers is not None:
+            self.kv.tiers.store_published()  # the step computed them: copy them down
         return finished
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> list[Request]:
@@ -310,6 +357,8 @@ class Scheduler:
         elif request.status == RequestStatus.WAITING_FOR_REMOTE_KV:
             del self.remote[request.request_id]
             self._abandon_remote(request)
+        elif request.status == RequestStatus.WAITING_FOR_KV_LOAD:
+            del self.loading[request.request_id]  # the tiers keep the blocks the copy writes
         else:
             self.waiting.remove(request)
         self.kv.free(request)
