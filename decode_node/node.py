@@ -355,6 +355,8 @@ class DecodeNode(StepHooks):
             "prefill_s": done.prefill_s,  # received -> first token, on the worker's clock
             "transfer_s": done.transfer_s,  # first write posted -> last write done
         }
+        # The prefill node computed the prompt from its own prefix hits: usage counts both.
+        request.num_cached_tokens = max(request.num_cached_tokens, done.num_cached_tokens)
         # The runner skips the draw of this token when it first meets the request.
         self.core.scheduler.complete_remote_prefill(
             request.request_id, done.token_id, from_wire(done.logprobs)

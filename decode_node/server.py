@@ -73,7 +73,8 @@ class DecodeLoop:
 
     def run_once(self) -> None:
         node = self.node
-        timeout = 0 if node.busy else _REMOTE_POLL_MS if node.waiting_remote else _IDLE_POLL_MS
+        soon = node.waiting_remote or self.core.copies_in_flight
+        timeout = 0 if node.busy else _REMOTE_POLL_MS if soon else _IDLE_POLL_MS
         if timeout:
             self.core.steps.wait()
         self.poller.poll(timeout)

@@ -19,7 +19,7 @@ from tandem.engine.core.config import (
     resolve_dtype,
     resolve_kernels,
 )
-from tandem.engine.model_runner import activation_bytes
+from tandem.engine.model_runner import activation_bytes, kv_block_bytes
 from tandem.engine.transfer.kv_staging import plan_block_bytes
 
 # KV-cache budget on the CPU when `num_kv_blocks` is not given.
@@ -46,6 +46,9 @@ class EngineArgs:
     kv_hugepages: bool = False
     tensor_parallel_size: int = 1
     peer_tensor_parallel_sizes: tuple[int, ...] = ()  # of the nodes this one writes KV to
+    kv_host_gib: float = 0.0  # the host-memory KV tier (0: none)
+    kv_disk_gib: float = 0.0  # the disk KV tier under it (0: none)
+    kv_disk_dir: str | None = None  # the folder of the disk tier's file
 
     def create_config(self) -> EngineConfig:
         model = ModelConfig.from_pretrained(self.model)
@@ -77,9 +80,38 @@ class EngineArgs:
         )
         num_blocks = self.num_kv_blocks or self._default_num_blocks(probe)
         check_kv_cache_fits(probe, num_blocks)
-        return dataclasses.replace(
-            probe, cache=dataclasses.replace(probe.cache, num_blocks=num_blocks)
+        host_blocks, disk_blocks = self._tier_blocks(probe)
+        cache = dataclasses.replace(
+            probe.cache,
+            num_blocks=num_blocks,
+            host_blocks=host_blocks,
+            disk_blocks=disk_blocks,
+            disk_dir=self.kv_disk_dir,
         )
+        return dataclasses.replace(probe, cache=cache)
+
+    def _tier_blocks(self, probe: EngineConfig) -> tuple[int, int]:
+        """The lower KV tiers' sizes in blocks (whole blocks that fit in the GiB given)."""
+        for name in ("kv_host_gib", "kv_disk_gib"):
+            if not 0 <= getattr(self, name) < float("inf"):
+                raise ValueError(f"{name} must be a size in GiB, at least 0")
+        if not (self.kv_host_gib or self.kv_disk_gib):
+            return 0, 0
+        if self.tensor_parallel_size != 1:
+            raise ValueError("KV tiers need tensor_parallel_size 1 for now")
+        block_bytes = kv_block_bytes(probe)
+        host, disk = (
+            int(gib * 2**30) // block_bytes for gib in (self.kv_host_gib, self.kv_disk_gib)
+        )
+        for gib, blocks, name in (
+            (self.kv_host_gib, host, "host"),
+            (self.kv_disk_gib, disk, "disk"),
+        ):
+            if gib and not blocks:
+                raise ValueError(
+                    f"a {name} KV tier of {gib} GiB holds no block of {block_bytes} bytes"
+                )
+        return host, disk
 
     def _default_num_blocks(self, probe: EngineConfig) -> int:
         """On a GPU, what fits in `gpu_memory_utilization` of the free memory once the

@@ -23,7 +23,7 @@ from tandem.engine.core.request import Request, RequestStatus
 from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from tandem.engine.engine_args import EngineArgs
-from tandem.engine.model_runner import ModelRunner
+from tandem.engine.model_runner import ModelRunner, attach_tiers
 from tandem.engine.output_processor import OutputProcessor
 from tandem.engine.step import StepHooks, run_step
 from tandem.engine.structured.grammar import GrammarCompiler
@@ -44,6 +44,7 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config.scheduler, self.kv)
         self.runner = ModelRunner(config)
+        attach_tiers(self.kv, self.runner, config)
         self.outputs = OutputProcessor(tokenizer)
         self.grammars = grammar_compiler(config, tokenizer)
         self._seeds = random.Random(config.seed)

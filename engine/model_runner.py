@@ -18,6 +18,7 @@ import torch
 
 from tandem.engine.attention.backend import AttentionBackend
 from tandem.engine.core.config import EngineConfig
+from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.request import TokenLogprobs
 from tandem.engine.core.scheduler import ModelRunnerOutput
 from tandem.engine.core.step_event import StepEvent
@@ -32,6 +33,7 @@ from tandem.engine.exec.model_shard import (
 from tandem.engine.exec.request_state import RequestState, RequestStates
 from tandem.engine.exec.sampler import GrammarRows, Sampler
 from tandem.engine.exec.step_batch import StepBatch
+from tandem.engine.exec.tier_copier import TierCopier
 from tandem.engine.models.tensor_parallel import TensorParallel
 from tandem.engine.parallel.rank_processes import RankProcesses
 
@@ -39,6 +41,7 @@ __all__ = [
     "ModelRunner",
     "activation_bytes",
     "allocate_kv_cache",
+    "attach_tiers",
     "kv_block_bytes",
     "select_attention_backend",
 ]
@@ -55,6 +58,15 @@ def activation_bytes(config: EngineConfig) -> int:
     tokens = config.scheduler.max_num_batched_tokens
     logits = config.scheduler.max_num_seqs * m.vocab_size * 4 * 3
     return 2 * tokens * per_token * elem + logits
+
+
+def attach_tiers(kv: KVCacheManager, runner: ModelRunner, config: EngineConfig) -> None:
+    """Put the configured lower KV tiers under `kv`'s pool, copied by `runner`'s copier."""
+    if runner.tier_copier is not None:
+        cache = config.cache
+        kv.attach_tiers(
+            runner.tier_copier, cache.host_blocks, cache.disk_blocks, kv_block_bytes(config)
+        )
 
 
 class ModelRunner:
@@ -75,10 +87,16 @@ class ModelRunner:
         self.sampler = Sampler()
         self.workers: RankProcesses | None = None
         self.broken: str | None = None  # why the ranks were stopped mid-run
+        self.tier_copier: TierCopier | None = None  # the lower KV tiers' copies (one rank)
         tp = TensorParallel(config.model, 0, config.tensor_parallel_size)
         if tp.size == 1:
             self.shard = ModelShard(config, tp)
             self.shard.capture_graphs()
+            cache = config.cache
+            if cache.host_blocks:
+                self.tier_copier = TierCopier(
+                    self.kv_cache, cache.host_blocks, cache.disk_blocks, cache.disk_dir
+                )
             return
         threads = max(1, torch.get_num_threads() // tp.size) if self.device.type == "cpu" else 1
         self.workers = RankProcesses(config, threads)
@@ -113,7 +131,10 @@ class ModelRunner:
         return self.shard.graphs
 
     def close(self) -> None:
-        """Stop and join the other ranks (nothing at one rank). Idempotent."""
+        """Stop and join the other ranks (nothing at one rank) and the tier copier.
+        Idempotent."""
+        if self.tier_copier is not None:
+            self.tier_copier.close()
         if self.workers is not None:
             self.workers.close()
             self.workers = None

@@ -19,7 +19,7 @@ from tandem.engine.core.config import EngineConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
 from tandem.engine.llm_engine import grammar_compiler
-from tandem.engine.model_runner import ModelRunner
+from tandem.engine.model_runner import ModelRunner, attach_tiers
 from tandem.engine.parallel.rank_processes import exit_process
 from tandem.engine.telemetry.metrics import NodeMetrics
 from tandem.engine.telemetry.step_log import StepLog, StepWork, context_lens
@@ -66,6 +66,7 @@ class NodeCore:
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, remote_prefill_threshold)
         self.runner = ModelRunner(config)
+        attach_tiers(self.kv, self.runner, config)
         if self.runner.workers is not None:
             self.runner.workers.watch(exit_process)  # a rank gone: the node is gone
         prefix = f"{identity.role}-{identity.pod}".replace(":", "-")
@@ -95,6 +96,11 @@ class NodeCore:
 
     def load(self) -> Load:
         return load_of(self.scheduler)
+
+    @property
+    def copies_in_flight(self) -> bool:
+        """KV tier copies queued or running: the loop must come back soon to apply them."""
+        return self.kv.tiers is not None and self.kv.tiers.in_flight
 
     @functools.cached_property
     def fingerprint(self) -> Fingerprint:

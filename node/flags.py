@@ -13,6 +13,7 @@ from tandem.engine.engine_args import EngineArgs
 from tandem.engine.telemetry.request_log import configure_logging
 from tandem.engine.telemetry.tracing import add_tracing_argument
 from tandem.node.heartbeat import STALL_AFTER_S
+from tandem.node.tier_flags import add_tier_arguments
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,7 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         "hugepages-2Mi limit): NIXL pins one page per 2 MiB instead of 512 "
         "(default: $TANDEM_KV_HUGEPAGES)",
     )
+    add_tier_arguments(parser)
     parser.add_argument(
         "--revision",
         default=os.environ.get("TANDEM_REVISION", ""),
@@ -122,4 +124,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         kv_hugepages=args.kv_hugepages,
         tensor_parallel_size=args.tensor_parallel_size,
         peer_tensor_parallel_sizes=tuple(getattr(args, "peer_tensor_parallel_sizes", ())),
+        kv_host_gib=args.kv_host_gib,
+        kv_disk_gib=args.kv_disk_gib,
+        kv_disk_dir=args.kv_disk_dir,
     )

@@ -312,7 +312,9 @@ class PrefillNode(StepHooks):
 
     @property
     def busy(self) -> bool:
-        return self.core.scheduler.has_unfinished_requests()
+        """A step has work now (a request loading from a lower KV tier waits, not spins)."""
+        s = self.core.scheduler
+        return bool(s.running or s.waiting)
 
     def _post_ready(self, job: PrefillJob, num_computed: int, kv_written: StepEvent) -> str | None:
         """Write the blocks the request has completed and not yet posted, after waiting for
@@ -420,4 +422,5 @@ class PrefillNode(StepHooks):
             transfer_s=0.0,
             prefill_s=time.monotonic() - job.received,
             src_heads=self.core.agent.head_ranges(),
+            num_cached_tokens=request.num_cached_tokens,
         )

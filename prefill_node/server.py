@@ -63,7 +63,8 @@ class PrefillLoop:
 
     def run_once(self) -> None:
         node = self.node
-        timeout = 0 if node.busy else _TRANSFER_POLL_MS if node.jobs else _IDLE_POLL_MS
+        soon = node.jobs or self.core.copies_in_flight
+        timeout = 0 if node.busy else _TRANSFER_POLL_MS if soon else _IDLE_POLL_MS
         if timeout:
             self.core.steps.wait()
         self.poller.poll(timeout)

@@ -20,6 +20,7 @@ from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
 from tandem.engine.api.deployment_token import DeploymentToken
 from tandem.engine.api.ports import free_port
 from tandem.engine.telemetry.tracing import add_tracing_argument
+from tandem.node.tier_flags import add_tier_arguments
 from tandem.router.cli import (
     POLICY_NAMES,
     add_reasoning_parser,
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="per node")
+    add_tier_arguments(parser)  # per node; each node's disk tier in a folder of its own
     parser.add_argument(
         "--threads", type=int, default=None,
         help="torch threads per node (default: the CPUs this process may run on, shared "
@@ -143,6 +145,7 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
             cmd += ["--http-port", str(http), "--metrics-port", str(metrics)]
             cmd += ["--zmq-port", str(zmq_port)]
             cmd += ["--tensor-parallel-size", str(getattr(args, f"{role}_tensor_parallel_size"))]
+            cmd += tier_flags(args, f"{role}-{i}")
             if role == "decode":
                 cmd += decode_flags(args)
             else:  # the decode nodes' size: a finer split needs staging planned at start-up
@@ -163,6 +166,15 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     router += ["--decode", *(c.url for c in children if c.name.startswith("decode"))]
     children.append(Child("router", router, f"http://{args.host}:{args.port}"))
     return children
+
+
+def tier_flags(args: argparse.Namespace, child: str) -> list[str]:
+    """The KV tier flags of one node: the sizes as given, the disk tier in `child`'s own
+    folder under --kv-disk-dir (two nodes never share a tier's file)."""
+    flags = ["--kv-host-gib", str(args.kv_host_gib), "--kv-disk-gib", str(args.kv_disk_gib)]
+    if args.kv_disk_dir is not None:
+        flags += ["--kv-disk-dir", os.path.join(args.kv_disk_dir, child)]
+    return flags
 
 
 def banner(children: list[Child], model_name: str) -> str:

@@ -29,11 +29,12 @@ class Load(msgspec.Struct, frozen=True):
 
 
 def load_of(scheduler: Scheduler) -> Load:
-    """A node's load as routers see it: requests waiting for remote KV count as waiting."""
+    """A node's load as routers see it: requests waiting for remote KV or for a load from a
+    lower KV tier count as waiting."""
     kv = scheduler.kv
     return Load(
         running=len(scheduler.running),
-        waiting=len(scheduler.waiting) + len(scheduler.remote),
+        waiting=len(scheduler.waiting) + len(scheduler.remote) + len(scheduler.loading),
         free_blocks=kv.pool.num_free_blocks,
         total_blocks=kv.num_blocks,
     )

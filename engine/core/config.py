@@ -269,12 +269,23 @@ class CacheConfig:
     # Tensor-parallel sizes of the nodes this one writes KV to: the staging mirrors they
     # need are planned with the cache (`tandem.engine.transfer.kv_staging`). Empty: our own size.
     peer_tensor_parallel_sizes: tuple[int, ...] = ()
+    # Lower KV tiers (`tandem.engine.core.kv_tiers`), in blocks: host memory, and a disk
+    # tier (a file under `disk_dir`) below it. 0: none.
+    host_blocks: int = 0
+    disk_blocks: int = 0
+    disk_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks < 1:
             raise ValueError(f"num_kv_blocks must be at least 1, got {self.num_blocks}")
+        if self.host_blocks < 0 or self.disk_blocks < 0:
+            raise ValueError("KV tier sizes must not be negative")
+        if self.disk_blocks and not self.host_blocks:
+            raise ValueError("a disk KV tier sits under a host tier: give --kv-host-gib too")
+        if self.disk_blocks and not self.disk_dir:
+            raise ValueError("a disk KV tier needs a folder: give --kv-disk-dir")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from tandem.engine.core.scheduler import Scheduler, SchedulerOutput
+from tandem.engine.telemetry.tier_metrics import TierMetrics
 
 LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
@@ -105,6 +106,7 @@ class NodeMetrics:
             "tandem_iteration_tokens_total", "Tokens computed per engine step.",
             LABELS, registry=registry, buckets=ITERATION_BUCKETS,
         )  # fmt: skip
+        self.tiers = TierMetrics(registry, self._labels)
         ProcessCollector(registry=registry)  # process_cpu_seconds_total, _resident_memory_bytes
         self._seen_queries = self._seen_hits = self._seen_preemptions = 0
         self._start_at_zero(role)
@@ -137,13 +139,15 @@ class NodeMetrics:
         """Refresh gauges and the counters the engine keeps as running totals."""
         kv = scheduler.kv
         self.running.labels(**self._labels).set(len(scheduler.running))
-        self.waiting.labels(**self._labels).set(len(scheduler.waiting) + len(scheduler.remote))
+        waiting = len(scheduler.waiting) + len(scheduler.remote) + len(scheduler.loading)
+        self.waiting.labels(**self._labels).set(waiting)
         self.kv_usage.labels(**self._labels).set(kv.usage())
         self._add(self.prefix_queries, kv.stats.queries - self._seen_queries)
         self._add(self.prefix_hits, kv.stats.hits - self._seen_hits)
         self._add(self.preemptions, scheduler.num_preemptions - self._seen_preemptions)
         self._seen_queries, self._seen_hits = kv.stats.queries, kv.stats.hits
         self._seen_preemptions = scheduler.num_preemptions
+        self.tiers.observe(kv)
 
     def child(self, metric, **labels: str):
         """`metric` bound to this node's labels plus `labels`."""

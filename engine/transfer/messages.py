@@ -93,6 +93,8 @@ class PrefillDone(msgspec.Struct, frozen=True, tag="done"):
     # each prefill rank's (first KV head, count): the decode node re-packs blocks whose
     # heads came from several ranks (engine.kv_heads)
     src_heads: list[tuple[int, int]] = []
+    # prompt tokens the prefill node found cached (in any of its KV tiers), for `usage`
+    num_cached_tokens: int = 0
 
 
 class PrefillFailed(msgspec.Struct, frozen=True, tag="failed"):
