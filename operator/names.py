@@ -33,6 +33,11 @@ CONFIG_DIR = "/etc/tandem"
 MODEL_DIR = "/models"
 # Volume name -> mount path in every role's container; a pod template may add others.
 POD_VOLUMES = {"model": MODEL_DIR, "config": CONFIG_DIR, "tmp": "/tmp", "shm": "/dev/shm"}
+# The volume holding a pool's KV disk tier (kv_tiers.py), where it has one.
+KV_DISK_VOLUME = "kv-disk"
+KV_DISK_DIR = "/var/lib/tandem/kv-disk"
+# Volume names and mount paths a pod template may not take.
+RESERVED_VOLUMES = POD_VOLUMES | {KV_DISK_VOLUME: KV_DISK_DIR}
 DOWNLOAD_CONTAINER = "download"  # the init container fetching a Hugging Face model
 
 

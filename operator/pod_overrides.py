@@ -24,6 +24,7 @@ from tandem.operator.names import (
     DOWNLOAD_CONTAINER,
     POD_VOLUMES,
     RESERVED_PREFIX,
+    RESERVED_VOLUMES,
     REVISION_LABEL,
     labels,
 )
@@ -67,7 +68,7 @@ def read_pod_overrides(template: Reader, role: str) -> PodOverrides:
         priority_class_name=template.string("priorityClassName", pattern=DNS_SUBDOMAIN),
         runtime_class_name=template.string("runtimeClassName", pattern=DNS_SUBDOMAIN),
         volumes=volumes,
-        volume_mounts=_mounts(template, "volumeMounts", names, set(POD_VOLUMES.values())),
+        volume_mounts=_mounts(template, "volumeMounts", names, set(RESERVED_VOLUMES.values())),
         init_containers=init_containers,
         containers=_containers(template, "containers", security, names, taken),
         capabilities=tuple(_safe_capabilities(template)),
@@ -118,7 +119,7 @@ def _safe_capabilities(template: Reader) -> list[str]:
 
 
 def _volumes(template: Reader, security: SecurityOverrides) -> list[dict[str, Any]]:
-    volumes = _named_items(template, "volumes", set(POD_VOLUMES))
+    volumes = _named_items(template, "volumes", set(RESERVED_VOLUMES))
     for index, volume in enumerate(volumes):
         if "hostPath" in volume and not security.host_path_volumes:
             raise template.error(

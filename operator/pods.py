@@ -1,7 +1,7 @@
 """The pod template of each role: one hardened container running `tandem <role>`, the model
 volume for the chosen source (a download init container for Hugging Face, unless the model
-cache's claim holds it), the engine ConfigMap, shared memory, probes, and what the role's
-`podTemplate` adds (pod_overrides.py)."""
+cache's claim holds it), the engine ConfigMap, shared memory, probes, the pool's KV tiers
+(kv_tiers.py), and what the role's `podTemplate` adds (pod_overrides.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
 from tandem.operator.download import TOKENIZER_PATTERNS, download_container
 from tandem.operator.engine_config import model_dir
 from tandem.operator.hardening import container_security_context, pod_security_context
+from tandem.operator.kv_tiers import (
+    add_kv_tier_resources,
+    kv_tier_args,
+    kv_tier_mounts,
+    kv_tier_volumes,
+)
 from tandem.operator.model_cache import claim_name
 from tandem.operator.names import (
     CONFIG_DIR,
@@ -91,7 +97,7 @@ def _container(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
         "name": role,
         "image": spec.image,
         "command": ["tandem"],
-        "args": [role, "--config", f"{CONFIG_DIR}/{role}.json"],
+        "args": [role, "--config", f"{CONFIG_DIR}/{role}.json", *_kv_args(spec, role)],
         "ports": _ports(role),
         "env": _env(spec, role),
         "resources": _resources(spec, role),
@@ -100,6 +106,12 @@ def _container(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
         **_probes(role),
         "lifecycle": {"preStop": {"sleep": {"seconds": DRAIN_S[role]}}},
     }
+
+
+def _kv_args(spec: LLMDeploymentSpec, role: str) -> list[str]:
+    """The KV tiers' flags, on the command line rather than in the shared ConfigMap: a
+    pool's tiers then roll that pool alone."""
+    return kv_tier_args(spec.pool(role).kv_tiers)
 
 
 def _ports(role: str) -> list[dict[str, Any]]:
@@ -143,10 +155,12 @@ def _merge_env(base: list[dict[str, Any]], extra: list[dict[str, Any]]) -> list[
 
 def _resources(spec: LLMDeploymentSpec, role: str) -> dict[str, Any]:
     """The user's resources; prefill and decode get one GPU per tensor-parallel rank unless
-    the user names a GPU count (0 removes the GPU, for CPU-only clusters)."""
+    the user names a GPU count (0 removes the GPU, for CPU-only clusters), and the memory
+    and ephemeral storage of their KV tiers."""
     resources = copy.deepcopy(spec.pool(role).resources)
     if role == "router":
         return resources
+    add_kv_tier_resources(resources, spec.pool(role).kv_tiers)
     limits = resources.setdefault("limits", {})
     limits.setdefault(GPU_RESOURCE, spec.pool(role).tensor_parallel_size)
     if str(limits[GPU_RESOURCE]) == "0":
@@ -191,7 +205,8 @@ def _mounts(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
         if name in read_only:
             mount["readOnly"] = read_only[name]
         mounts.append(mount)
-    return mounts + copy.deepcopy(spec.pool(role).pod.volume_mounts)
+    pool = spec.pool(role)
+    return mounts + kv_tier_mounts(pool.kv_tiers) + copy.deepcopy(pool.pod.volume_mounts)
 
 
 def _volumes(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
@@ -200,6 +215,7 @@ def _volumes(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
         {"name": "config", "configMap": {"name": child_name(spec.name, "config")}},
         {"name": "tmp", "emptyDir": {}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE[role]}},
+        *kv_tier_volumes(spec.pool(role).kv_tiers),
     ]
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tandem.operator.kv_tiers import KVTiers, read_kv_tiers
 from tandem.operator.pod_overrides import PodOverrides, read_pod_overrides
+from tandem.operator.quantity import QUANTITY
 from tandem.operator.reader import Reader
 from tandem.operator.scaling import Scaling, read_scaling
 
@@ -25,11 +27,6 @@ SOURCES = ("pvc", "hostPath", "huggingFace")
 # The download Job writes the cache: its claim needs a writable mode.
 ACCESS_MODES = ("ReadWriteMany", "ReadOnlyMany", "ReadWriteOnce")
 WRITABLE_MODES = ("ReadWriteMany", "ReadWriteOnce")
-# A Kubernetes quantity (100Gi, 1.5T), the CRD's pattern.
-QUANTITY = (
-    r"(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?"
-)
 
 
 @dataclass(frozen=True)
@@ -81,7 +78,7 @@ class EngineSpec:
 
 @dataclass(frozen=True)
 class RoleSpec:
-    """One pool of pods: the router, prefill or decode."""
+    """One pool of pods: the router, prefill or decode (only these two have KV tiers)."""
 
     role: str
     replicas: int
@@ -93,6 +90,7 @@ class RoleSpec:
     env: list[dict[str, Any]] = field(default_factory=list)
     scaling: Scaling | None = None
     pod: PodOverrides = field(default_factory=PodOverrides)
+    kv_tiers: KVTiers = field(default_factory=KVTiers)
 
 
 @dataclass(frozen=True)
@@ -258,6 +256,7 @@ def _router(router: Reader, autoscaling: Reader) -> RouterSpec:
 
 def _pool(pool: Reader, role: str, min_replicas: int, autoscaling: Reader) -> RoleSpec:
     resources = pool.mapping("resources")
+    pod = read_pod_overrides(pool.child("podTemplate"), role)
     return RoleSpec(
         role,
         replicas=pool.integer("replicas", default=1, minimum=min_replicas),
@@ -268,7 +267,8 @@ def _pool(pool: Reader, role: str, min_replicas: int, autoscaling: Reader) -> Ro
         affinity=pool.mapping("affinity"),
         env=pool.sequence("env"),
         scaling=read_scaling(autoscaling, role, resources),
-        pod=read_pod_overrides(pool.child("podTemplate"), role),
+        pod=pod,
+        kv_tiers=read_kv_tiers(pool, pod.security),
     )
 
 

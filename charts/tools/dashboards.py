@@ -36,11 +36,13 @@ OPERATOR = "tandem_operator_leader"  # only the operator exports it: its process
 TTFT_PHASES = ("queue", "remote_prefill", "kv_transfer", "other")
 
 
-def quantiles(metric: str, where: str = "") -> list[tuple[str, str]]:
+def quantiles(
+    metric: str, where: str = "", qs: tuple[str, ...] = ("50", "90", "99")
+) -> list[tuple[str, str]]:
     sel = f"{SEL}, {where}" if where else SEL
     return [
         (f"p{q}", f"histogram_quantile(0.{q}, sum by (le) (rate({metric}_bucket{{{sel}}}{RATE})))")
-        for q in ("50", "90", "99")
+        for q in qs
     ]
 
 
@@ -262,6 +264,7 @@ def overview() -> dict:
                 ("preemptions/s", rate("tandem_num_preemptions_total")),
             ], "s"),
         ]),
+        kv_tiers_row(),
         Row("Per pod", "Which pod is the odd one out? (pick pods with the pod variable)", [
             panel("Requests running and waiting", [
                 ("{{pod}} running", by_pod("sum", "tandem_num_requests_running")),
@@ -288,6 +291,27 @@ def overview() -> dict:
                   "decmbytes"),
             panel("GPU power", [("{{pod}} {{gpu}}", gpu("DCGM_FI_DEV_POWER_USAGE"))], "watt"),
         ]),
+    ])  # fmt: skip
+
+
+def kv_tiers_row() -> Row:
+    """The KV cache's tiers below the device (host memory, local disk), where a pool has them
+    (`kvTiers`); `tier` is device, host or disk."""
+    moved = "tandem_kv_tier_{}_moved_total"
+    return Row("KV tiers", "Do the host and disk tiers keep the prefixes the device evicted, "
+               "and how fast do they load back?", [
+        panel("Prompt tokens found per tier", [
+            ("{{role}} {{tier}}", rate("tandem_kv_tier_hits_total", "role, tier"))]),
+        panel("Blocks moved per tier (down: stored, up: loaded)", [
+            ("{{tier}} {{direction}}", rate(moved.format("blocks"), "tier, direction"))]),
+        panel("Bytes moved per tier", [
+            ("{{tier}} {{direction}}", rate(moved.format("bytes"), "tier, direction"))], "Bps"),
+        panel("Load from lower tiers, per request",
+              quantiles("tandem_kv_tier_load_seconds", qs=("50", "90")), "s"),
+        panel("Tier occupancy per pool", [
+            ("{{role}} {{tier}}", pooled("sum", "tandem_kv_tier_used_blocks", "role, tier")
+             + " / " + pooled("sum", "tandem_kv_tier_capacity_blocks", "role, tier"))],
+              "percentunit"),
     ])  # fmt: skip
 
 

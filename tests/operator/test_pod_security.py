@@ -27,7 +27,7 @@ def without_pod_templates(llmd):
     return llmd
 
 
-@pytest.mark.parametrize("name", ["minimal", "full"])
+@pytest.mark.parametrize("name", ["minimal", "full", "kv-tiers"])
 def test_pods_without_a_pod_template_are_restricted(name):
     found = pods(without_pod_templates(example(name)))
     assert len(found) >= 3

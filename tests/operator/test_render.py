@@ -32,7 +32,7 @@ def by_key(objects):
     return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
-@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel"])
+@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel", "kv-tiers"])
 def test_golden(name):
     """Set TANDEM_UPDATE_GOLDEN=1 to rewrite the files after an intended change."""
     text = dump(render(example(name)))
@@ -43,7 +43,7 @@ def test_golden(name):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("name", ["minimal", "full"])
+@pytest.mark.parametrize("name", ["minimal", "full", "kv-tiers"])
 def test_every_object_is_valid_kubernetes(name, version):
     checked = 0
     for obj in render(example(name)):

@@ -35,6 +35,19 @@ NEEDS = {
     "Tandem / Overview / Tensor core activity": "an NVIDIA GPU and dcgm-exporter (profiling)",
     "Tandem / Overview / GPU memory used": "an NVIDIA GPU and dcgm-exporter",
     "Tandem / Overview / GPU power": "an NVIDIA GPU and dcgm-exporter",
+    **dict.fromkeys(
+        (
+            f"Tandem / Overview / {panel}"
+            for panel in (
+                "Prompt tokens found per tier",
+                "Blocks moved per tier (down: stored, up: loaded)",
+                "Bytes moved per tier",
+                "Load from lower tiers, per request",
+                "Tier occupancy per pool",
+            )
+        ),
+        "a node with a host or disk KV tier (--kv-host-gib, --kv-disk-gib)",
+    ),
 }
 ALERTS_NEED: dict[str, str] = {}  # alert -> the condition its signal needs
 
