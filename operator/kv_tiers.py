@@ -78,6 +78,8 @@ def read_kv_tiers(pool: Reader, security: SecurityOverrides) -> KVTiers:
         host_size=_size(host) if host.present else "0",
         disk=_disk(tiers_at.child("disk"), pool, security),
     )
+    if tiers.disk is not None and not tiers.host_bytes:
+        raise tiers_at.error("the disk tier sits under a host tier: give host.size too", "disk")
     resources = pool.child("resources")
     if tiers.host_bytes:
         _check_quantities(resources, "memory")

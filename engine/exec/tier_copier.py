@@ -11,6 +11,7 @@ the scheduler's side forgets what it wrote; the node goes on without it.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import queue
@@ -27,23 +28,35 @@ logger = logging.getLogger(__name__)
 DISK_FILE = "tandem-kv-tier.bin"
 
 
-def disk_tensor(folder: str, num_blocks: int, block_shape: tuple[int, ...], dtype: torch.dtype):
+def disk_tensor(
+    folder: str, num_blocks: int, block_shape: tuple[int, ...], dtype: torch.dtype
+) -> tuple[torch.Tensor, int]:
     """A [num_blocks, *block_shape] tensor backed by a file under `folder`, its space
-    reserved up front (a full disk fails here, at start, not as a fault mid-copy). The file
-    is the tier's and is rewritten at every start: the tier does not survive a restart."""
+    reserved up front (a full disk fails here, at start, not as a fault mid-copy), and the
+    descriptor that holds the file's lock while the tier lives: a second process given the
+    same folder is refused rather than sharing the file. The file is rewritten at every
+    start: the tier does not survive a restart."""
     path = Path(folder) / DISK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     numel = num_blocks
     for n in block_shape:
         numel *= n
     size = numel * torch.empty((), dtype=dtype).element_size()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        os.posix_fallocate(fd, 0, size)
-    finally:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         os.close(fd)
+        raise ValueError(f"{path} is the disk KV tier of another process: give each its own "
+                         "--kv-disk-dir") from None  # fmt: skip
+    try:
+        os.ftruncate(fd, 0)
+        os.posix_fallocate(fd, 0, size)
+    except OSError:
+        os.close(fd)
+        raise
     flat = torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
-    return flat.view(num_blocks, *block_shape)
+    return flat.view(num_blocks, *block_shape), fd
 
 
 class TierCopier:
@@ -61,10 +74,12 @@ class TierCopier:
         cuda = kv_cache.is_cuda
         host = torch.zeros((host_blocks, *block_shape), dtype=kv_cache.dtype, pin_memory=cuda)
         self.tensors = {DEVICE: kv_cache, HOST: host}  # each [blocks, *block_shape]
+        self._disk_lock: int | None = None
         if disk_blocks:
             if disk_dir is None:
                 raise ValueError("a disk tier needs a folder (--kv-disk-dir)")
-            self.tensors[DISK] = disk_tensor(disk_dir, disk_blocks, block_shape, kv_cache.dtype)
+            disk, self._disk_lock = disk_tensor(disk_dir, disk_blocks, block_shape, kv_cache.dtype)
+            self.tensors[DISK] = disk
         self.stream = torch.cuda.Stream(kv_cache.device) if cuda else None
         self.failed: str | None = None  # the first failure, for /health and logs
         self._queue: queue.SimpleQueue[tuple[TierCopy, torch.cuda.Event | None] | None]
@@ -87,10 +102,14 @@ class TierCopier:
         return done
 
     def close(self) -> None:
-        """Finish the copies queued, then stop the thread. Idempotent."""
+        """Finish the copies queued, then stop the thread and let the disk tier's file go.
+        Idempotent."""
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join()
+        if self._disk_lock is not None:
+            os.close(self._disk_lock)
+            self._disk_lock = None
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:

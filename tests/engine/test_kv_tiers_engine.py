@@ -111,6 +111,17 @@ def test_the_disk_tier_reserves_its_file_and_round_trips_blocks(tmp_path):
         copier.close()
 
 
+def test_a_disk_tier_folder_serves_one_process_at_a_time(tmp_path):
+    kv = torch.zeros(2, 1, 2, 4, 1, 8)
+    first = TierCopier(kv, host_blocks=1, disk_blocks=1, disk_dir=str(tmp_path))
+    try:
+        with pytest.raises(ValueError, match="another process"):
+            TierCopier(kv, host_blocks=1, disk_blocks=1, disk_dir=str(tmp_path))
+    finally:
+        first.close()
+    TierCopier(kv, host_blocks=1, disk_blocks=1, disk_dir=str(tmp_path)).close()
+
+
 def test_a_copy_that_fails_is_reported_and_the_next_ones_still_run(tmp_path):
     kv = torch.randn(4, 1, 2, 4, 1, 8)
     copier = TierCopier(kv, host_blocks=2)
