@@ -10,8 +10,8 @@ Each worker's batches carry a sequence number. A batch that follows the last one
 applied. An older one (a duplicate or a reordered message) is dropped. A gap (missed
 messages) or a new agent name (the node restarted) makes the worker's hashes untrusted:
 they are cleared and the index asks for a resync (`GET /kv/snapshot`, every cached hash
-of every tier with the sequence number it reflects); batches that arrive meanwhile are buffered and
-replayed on top of the snapshot. Until then the worker simply looks uncached: a stale
+of every tier with the sequence number it reflects); batches that arrive meanwhile are
+buffered and replayed on top of the snapshot. Until then the worker simply looks uncached: a stale
 index can only cost cache hits, never correctness.
 
 A snapshot that still leaves a hole before the buffer is asked for again, at most

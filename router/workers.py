@@ -45,7 +45,7 @@ class WorkerView:
     inflight: int = 0  # this router's requests on it now
     overlap_blocks: int = 0  # leading prompt blocks it has cached, in any tier (KV events)
     host_blocks: int = 0  # of those, the ones found in host memory and not on the device
-    disk_blocks: int = 0  # and the ones found on disk only
+    disk_blocks: int = 0  # and the ones found on disk, in neither of the others
 
     @property
     def device_blocks(self) -> int:
