@@ -33,7 +33,7 @@ from tandem.engine.api.http import (
     add_validation_handler,
     error_body,
 )
-from tandem.engine.api.kv_events import KVEventPublisher
+from tandem.engine.api.kv_events import KVEventPublisher, KVSnapshot
 from tandem.node.core import NodeCore
 from tandem.node.debug_routes import add_debug_routes
 from tandem.node.heartbeat import Heartbeat
@@ -211,11 +211,9 @@ class NodeServer:
 
     def _kv_snapshot(self) -> dict[str, Any]:
         role = self.role
-        return {
-            "node": role.core.agent.name,
-            "seq": role.publisher.seq,
-            "hashes": list(role.core.kv.pool.cached),
-        }
+        pool = role.core.kv.pool
+        snapshot = KVSnapshot(role.core.agent.name, role.publisher.seq, list(pool.cached))
+        return msgspec.structs.asdict(snapshot)
 
     def serve(self, host: str, port: int, metrics_port: int, log_level: str = "info") -> None:
         """Serve the metrics app on `metrics_port` (0: any free one) from a thread of its

@@ -40,7 +40,7 @@ from tandem.router.messages import MessagesAPI, add_anthropic_error_shapes
 from tandem.router.metrics import RouterMetrics
 from tandem.router.middleware import AuthAndCount
 from tandem.router.monitor import Discovery, WorkerMonitor
-from tandem.router.policy import Policy
+from tandem.router.policy import DEFAULT_TIER_COSTS, Policy, TierCosts
 from tandem.router.preprocess import Preprocessor, Prompt, prompt_items
 from tandem.router.protocol import (
     ChatCompletionRequest,
@@ -71,6 +71,7 @@ class RouterOptions:
     # what the nodes' control ports ask of the router (`Authorization`, on every call)
     token: DeploymentToken = field(default_factory=DeploymentToken)
     responses_store_size: int = DEFAULT_STORE_SIZE  # Responses API responses kept
+    tier_costs: TierCosts = DEFAULT_TIER_COSTS  # what kv-aware counts a lower-tier prefix hit
 
     def __post_init__(self) -> None:
         if self.cpu_workers < 1:
@@ -128,7 +129,7 @@ class Router:
             self.dispatcher = Dispatcher(
                 self.pool, self.index, self.policy, http, self.metrics,
                 self.pre.limits.block_size, self.options.max_attempts,
-                self.options.read_timeout_s,
+                self.options.read_timeout_s, self.options.tier_costs,
             )  # fmt: skip
             self.runner = GenerationRunner(
                 self.dispatcher, self.metrics, self.options.max_inflight, self.cpu, self.tracing

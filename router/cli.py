@@ -7,6 +7,7 @@ import os
 
 from tandem.engine.telemetry.tracing import add_tracing_argument
 from tandem.router.cpu_pool import DEFAULT_WORKERS
+from tandem.router.policy import DEFAULT_TIER_COSTS
 
 POLICY_NAMES = ("kv-aware", "prefix-aware", "least-load", "round-robin")
 # tandem.router.structured.TOOL_PARSER_CHOICES, named here so `--help` imports no torch
@@ -53,6 +54,40 @@ def add_responses_store_size(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def hit_cost(text: str) -> float:
+    """argparse type of the --kv-*-hit-cost flags: a fraction of a computed block."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(
+            f"{text} is not within [0, 1] (0: as cheap as a device hit, 1: as dear as "
+            "computing the block)"
+        )
+    return value
+
+
+def add_kv_tier_costs(parser: argparse.ArgumentParser) -> None:
+    """What kv-aware routing counts a prompt block that a worker holds in a lower KV tier,
+    in blocks of prefill work (docs/router.md: why these defaults)."""
+    costs = DEFAULT_TIER_COSTS
+    parser.add_argument(
+        "--kv-host-hit-cost",
+        type=hit_cost,
+        default=costs.host_hit_cost,
+        help="kv-aware: the cost of a prompt block found in a worker's host-memory tier, "
+        f"from 0 (a device hit) to 1 (a miss, computed) (default: {costs.host_hit_cost})",
+    )
+    parser.add_argument(
+        "--kv-disk-hit-cost",
+        type=hit_cost,
+        default=costs.disk_hit_cost,
+        help="kv-aware: the cost of a prompt block found in a worker's disk tier, likewise "
+        f"(default: {costs.disk_hit_cost})",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model folder (tokenizer, config.json)")
     parser.add_argument("--served-model-name", default=None, help="model id (default: folder)")
@@ -61,6 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=16, help="the nodes' KV block size")
     parser.add_argument("--policy", choices=POLICY_NAMES, default="kv-aware")
+    add_kv_tier_costs(parser)
     parser.add_argument("--discovery", choices=("static", "kubernetes"), default="static")
     parser.add_argument("--prefill", nargs="*", default=[], metavar="URL", help="static workers")
     parser.add_argument("--decode", nargs="*", default=[], metavar="URL", help="static workers")

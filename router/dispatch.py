@@ -23,9 +23,16 @@ from tandem.engine.api.wire import PROTOCOL_VERSION
 from tandem.engine.telemetry import request_log, tracing
 from tandem.router.errors import APIError, InvalidRequest, Unavailable, UpstreamFailed
 from tandem.router.http_pool import ClientShards
-from tandem.router.kv_index import PrefixIndex
+from tandem.router.kv_index import PrefixIndex, PrefixMatch
 from tandem.router.metrics import RouterMetrics
-from tandem.router.policy import Policy, Route, RouteRequest, Snapshot
+from tandem.router.policy import (
+    DEFAULT_TIER_COSTS,
+    Policy,
+    Route,
+    RouteRequest,
+    Snapshot,
+    TierCosts,
+)
 from tandem.router.preprocess import Prompt
 from tandem.router.stream_reads import ReadCut, bounded_lines
 from tandem.router.workers import WorkerPool, WorkerState
@@ -77,6 +84,7 @@ class Dispatcher:
         block_size: int,
         max_attempts: int = 3,
         read_timeout_s: float = READ_TIMEOUT_S,
+        tier_costs: TierCosts = DEFAULT_TIER_COSTS,
     ) -> None:
         self.pool = pool
         self.index = index
@@ -86,28 +94,28 @@ class Dispatcher:
         self.block_size = block_size
         self.max_attempts = max_attempts
         self.read_timeout_s = read_timeout_s
+        self.tier_costs = tier_costs
         self._seq = 0
         self._aborts: set[asyncio.Task] = set()
 
     def route(self, prompt: Prompt, exclude: frozenset[str] = frozenset()) -> Route:
         """Pick (prefill, decode) for a prompt; Unavailable when no decode worker is up."""
         start = time.perf_counter()
-        overlaps = self._overlaps(prompt)
-        prefill, decode = self.pool.snapshot(overlaps, exclude)
+        prefill, decode = self.pool.snapshot(self._matches(prompt), exclude)
         self._seq += 1
-        req = RouteRequest(
-            self._seq, len(prompt.block_hashes), len(prompt.token_ids), self.block_size
-        )
+        num_blocks, num_tokens = len(prompt.block_hashes), len(prompt.token_ids)
+        req = RouteRequest(self._seq, num_blocks, num_tokens, self.block_size, self.tier_costs)
         route = self.policy(Snapshot(prefill, decode), req)
         if route is None:
             raise Unavailable("no decode worker is available", retry_after=1)
         self.metrics.observe_route(route, time.perf_counter() - start)
         return route
 
-    def _overlaps(self, prompt: Prompt) -> dict[str, int]:
-        """Cached leading blocks per worker, each matched with its revision's hashes."""
+    def _matches(self, prompt: Prompt) -> dict[str, PrefixMatch]:
+        """Cached leading blocks per worker and tier, each matched with its revision's
+        hashes."""
         return {
-            url: self.index.overlap(url, prompt.hashes_for(worker.revision, self.block_size))
+            url: self.index.match(url, prompt.hashes_for(worker.revision, self.block_size))
             for url, worker in self.pool.workers.items()
         }
 

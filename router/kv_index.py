@@ -1,11 +1,17 @@
-"""Which worker has which prompt blocks cached, built from the workers' KV events.
+"""Which worker has which prompt blocks cached, in which tier, built from the workers' KV
+events.
+
+Each worker's hashes are kept per tier (device, host, disk) in separate sets: a node writes
+device blocks through to its host tier, so one hash may be in several at once, and each
+tier's events add and remove only its own. A prompt's match with a worker is its longest
+leading run of blocks held in any tier, each block counted in the cheapest tier holding it.
 
 Each worker's batches carry a sequence number. A batch that follows the last one is
 applied. An older one (a duplicate or a reordered message) is dropped. A gap (missed
 messages) or a new agent name (the node restarted) makes the worker's hashes untrusted:
 they are cleared and the index asks for a resync (`GET /kv/snapshot`, every cached hash
-with the sequence number it reflects); batches that arrive meanwhile are buffered and
-replayed on top of the snapshot. Until then the worker simply looks uncached: a stale
+of every tier with the sequence number it reflects); batches that arrive meanwhile are
+buffered and replayed on top of the snapshot. Until then the worker simply looks uncached: a stale
 index can only cost cache hits, never correctness.
 
 A snapshot that still leaves a hole before the buffer is asked for again, at most
@@ -23,11 +29,30 @@ from dataclasses import dataclass, field
 from tandem.engine.api.kv_events import KVEventBatch
 
 
+@dataclass(frozen=True)
+class PrefixMatch:
+    """A prompt's leading blocks found on one worker, each counted in the cheapest tier
+    holding it (device, then host, then disk); the run ends at the first block in none."""
+
+    device_blocks: int = 0
+    host_blocks: int = 0
+    disk_blocks: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return self.device_blocks + self.host_blocks + self.disk_blocks
+
+
+NO_MATCH = PrefixMatch()
+
+
 @dataclass
 class NodeBlocks:
     agent: str | None = None
     last_seq: int | None = None
-    hashes: set[int] = field(default_factory=set)
+    device: set[int] = field(default_factory=set)
+    host: set[int] = field(default_factory=set)
+    disk: set[int] = field(default_factory=set)
     resyncing: bool = False
     buffered: list[KVEventBatch] = field(default_factory=list)
     num_resync_attempts: int = 0  # snapshots asked for since the worker was last in sync
@@ -68,14 +93,23 @@ class PrefixIndex:
         node.num_resync_attempts = 1
         return True
 
-    def load_snapshot(self, url: str, agent: str, seq: int, hashes: Sequence[int]) -> bool:
-        """Replace the worker's hashes by a snapshot, then replay the newer buffered batches
-        (from the same agent). Returns True when a hole remains before the buffer and the
-        caller should fetch another snapshot; after `max_resync_attempts` the worker is
-        forgotten instead (False)."""
+    def load_snapshot(
+        self,
+        url: str,
+        agent: str,
+        seq: int,
+        hashes: Sequence[int],
+        host: Sequence[int] = (),
+        disk: Sequence[int] = (),
+    ) -> bool:
+        """Replace the worker's hashes of every tier by a snapshot (`hashes`: the device
+        pool's), then replay the newer buffered batches (from the same agent). Returns True
+        when a hole remains before the buffer and the caller should fetch another snapshot;
+        after `max_resync_attempts` the worker is forgotten instead (False)."""
         node = self.nodes.setdefault(url, NodeBlocks())
         buffered = [b for b in node.buffered if b.node == agent and b.seq > seq]
-        node.agent, node.last_seq, node.hashes = agent, seq, set(hashes)
+        node.agent, node.last_seq = agent, seq
+        node.device, node.host, node.disk = set(hashes), set(host), set(disk)
         node.resyncing, node.buffered = False, []
         buffered.sort(key=lambda b: b.seq)
         for i, batch in enumerate(buffered):
@@ -103,20 +137,37 @@ class PrefixIndex:
     def forget(self, url: str) -> None:
         self.nodes.pop(url, None)
 
-    def overlap(self, url: str, block_hashes: Sequence[int]) -> int:
-        """How many leading blocks of the prompt the worker has cached."""
+    def match(self, url: str, block_hashes: Sequence[int]) -> PrefixMatch:
+        """The prompt's leading blocks the worker holds, per tier."""
         node = self.nodes.get(url)
         if node is None:
-            return 0
-        n = 0
+            return NO_MATCH
+        device = host = disk = 0
         for block_hash in block_hashes:
-            if block_hash not in node.hashes:
+            if block_hash in node.device:
+                device += 1
+            elif block_hash in node.host:
+                host += 1
+            elif block_hash in node.disk:
+                disk += 1
+            else:
                 break
-            n += 1
-        return n
+        return PrefixMatch(device, host, disk)
+
+    def overlap(self, url: str, block_hashes: Sequence[int]) -> int:
+        """How many leading blocks of the prompt the worker holds, in any tier."""
+        return self.match(url, block_hashes).num_blocks
 
     @staticmethod
     def _apply(node: NodeBlocks, batch: KVEventBatch) -> None:
-        node.hashes.update(batch.stored)
-        node.hashes.difference_update(batch.removed)
+        """Stored, then removed: a hash in both lists of one tier reads as removed (an
+        under-report, never an over-report)."""
+        _update(node.device, batch.stored, batch.removed)
+        _update(node.host, batch.host_stored, batch.host_removed)
+        _update(node.disk, batch.disk_stored, batch.disk_removed)
         node.last_seq = batch.seq
+
+
+def _update(hashes: set[int], stored: list[int], removed: list[int]) -> None:
+    hashes.update(stored)
+    hashes.difference_update(removed)

@@ -60,8 +60,9 @@ class RouterMetrics:
         )  # fmt: skip
         self.prefix_blocks = Counter(
             "tandem_router_prefix_overlap_blocks_total",
-            "Prompt blocks the chosen prefill worker had cached, per the KV-event index.",
-            LABELS, registry=r,
+            "Prompt blocks the chosen prefill worker had cached, per the KV-event index, by "
+            "the cheapest tier holding each.",
+            (*LABELS, "tier"), registry=r,
         )  # fmt: skip
         self.retries = Counter(
             "tandem_router_retries_total", "Choices retried on another decode worker.",
@@ -107,5 +108,7 @@ class RouterMetrics:
         for view in (route.decode, route.prefill):
             if view is not None:
                 self.child(self.selections, worker=view.url, worker_role=view.role).inc()
-        if route.prefill is not None:
-            self.child(self.prefix_blocks).inc(route.prefill.overlap_blocks)
+        if (p := route.prefill) is not None:  # every tier, 0s too: each has a series
+            tiers = {"device": p.device_blocks, "host": p.host_blocks, "disk": p.disk_blocks}
+            for tier, num_blocks in tiers.items():
+                self.child(self.prefix_blocks, tier=tier).inc(num_blocks)

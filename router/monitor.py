@@ -25,7 +25,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from tandem.engine.api.kv_events import decode_batch
+from tandem.engine.api.kv_events import decode_batch, decode_snapshot
 from tandem.router.http_pool import ClientShards
 from tandem.router.kv_index import PrefixIndex
 from tandem.router.metrics import RouterMetrics
@@ -168,9 +168,11 @@ class WorkerMonitor:
         try:
             r = await self.http.get(f"{url}/kv/snapshot", timeout=5)
             r.raise_for_status()
-            snap = r.json()
-            again = self.index.load_snapshot(url, snap["node"], snap["seq"], snap["hashes"])
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            snap = decode_snapshot(r.content)
+            again = self.index.load_snapshot(
+                url, snap.node, snap.seq, snap.hashes, snap.host_hashes, snap.disk_hashes
+            )
+        except (httpx.HTTPError, ValueError) as exc:  # msgspec.DecodeError is a ValueError
             logger.warning("KV snapshot from %s failed: %s", url, exc)
             self.index.resync_failed(url)
             return

@@ -1,18 +1,21 @@
 """Routing policies: pure functions `choose(snapshot, request) -> Route`.
 
-A snapshot holds frozen views of the healthy workers, each with its load and the number
-of the prompt's leading blocks it has cached. A policy picks the decode worker first, then
-a prefill worker of the same model revision (none when that revision has no prefill
-worker: the decode node then prefills locally). Other prefill workers of that revision,
-best first, are the decode node's alternates when the chosen one fails.
+A snapshot holds frozen views of the healthy workers, each with its load and the prompt's
+leading blocks it has cached, per tier (device, host memory, disk). A policy picks the
+decode worker first, then a prefill worker of the same model revision (none when that
+revision has no prefill worker: the decode node then prefills locally). Other prefill
+workers of that revision, best first, are the decode node's alternates when the chosen one
+fails.
 
 - `round-robin`: the request's sequence number picks, in URL order.
 - `least-load`: fewest pending requests (ties rotate with the sequence number).
-- `prefix-aware`: the longest cached prefix, then least load.
-- `kv-aware` (default): the lowest cost, counted in blocks of prefill work: the blocks a
-  prefill worker must still compute after its cached prefix, plus one such request per
-  request already pending there; for decode, the blocks to receive plus the blocks its
-  requests hold, and a large penalty when its free blocks cannot hold the prompt.
+- `prefix-aware`: the longest cached prefix (in any tier), then least load.
+- `kv-aware` (default): the lowest cost, counted in blocks of prefill work: the prompt's
+  work left on a prefill worker (a block past its cached prefix costs 1, a cached one 0 on
+  the device, `TierCosts` in a lower tier, where it is loaded back instead of computed),
+  plus one such request per request already pending there; for decode, that work (the
+  blocks to receive) plus the blocks its requests hold, and a large penalty when its free
+  blocks cannot hold the prompt.
 """
 
 from __future__ import annotations
@@ -27,11 +30,31 @@ _FULL_PENALTY = 1_000_000
 
 
 @dataclass(frozen=True)
+class TierCosts:
+    """What a prompt block cached in a lower tier costs `kv-aware`, in blocks of prefill
+    work (a device hit costs 0, a miss 1): the node loads it back to the device instead
+    of computing it. The defaults are estimates of that ratio (docs/router.md)."""
+
+    host_hit_cost: float = 0.1  # a copy from host memory over PCIe
+    disk_hit_cost: float = 0.3  # a read from local storage, then that copy
+
+    def __post_init__(self) -> None:
+        for name in ("host_hit_cost", "disk_hit_cost"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1], not {value}")
+
+
+DEFAULT_TIER_COSTS = TierCosts()
+
+
+@dataclass(frozen=True)
 class RouteRequest:
     seq: int  # the router's running request number
     num_blocks: int  # full blocks in the prompt (len(block_hashes))
     num_tokens: int
     block_size: int = 16
+    tier_costs: TierCosts = DEFAULT_TIER_COSTS  # this router's (its --kv-*-hit-cost flags)
 
 
 @dataclass(frozen=True)
@@ -99,20 +122,31 @@ def kv_aware(snapshot: Snapshot, req: RouteRequest) -> Route | None:
     )
 
 
-def prefill_cost(worker: WorkerView, req: RouteRequest) -> int:
-    """Blocks of prompt work: this prompt's uncached blocks, plus as much per pending one."""
-    return (req.num_blocks - worker.overlap_blocks) + worker.pending * max(req.num_blocks, 1)
+def prefill_cost(worker: WorkerView, req: RouteRequest) -> float:
+    """Blocks of prompt work: this prompt's work left there, plus a whole prompt's per
+    pending request."""
+    return prompt_work(worker, req) + worker.pending * max(req.num_blocks, 1)
 
 
-def decode_cost(worker: WorkerView, req: RouteRequest) -> int:
-    """Blocks to receive plus the blocks its requests hold (both in blocks, as Dynamo's KV
-    router weighs new prefill blocks against active decode blocks); a full worker only as
-    a last resort. Counting its load in requests let a long cached prefix outweigh
-    hundreds of queued requests (the simulator's 64-worker runs, docs/performance.md)."""
+def prompt_work(worker: WorkerView, req: RouteRequest) -> float:
+    """The prompt's blocks of prefill work left on the worker: 1 per block past its cached
+    prefix, 0 per device hit, a fraction per hit in a lower tier (`req.tier_costs`)."""
+    costs = req.tier_costs
+    misses = req.num_blocks - worker.overlap_blocks
+    loads = worker.host_blocks * costs.host_hit_cost + worker.disk_blocks * costs.disk_hit_cost
+    return misses + loads
+
+
+def decode_cost(worker: WorkerView, req: RouteRequest) -> float:
+    """Blocks to receive (or to load from its own lower tiers) plus the blocks its requests
+    hold (both in blocks, as Dynamo's KV router weighs new prefill blocks against active
+    decode blocks); a full worker only as a last resort. Counting its load in requests
+    let a long cached prefix outweigh hundreds of queued requests (the simulator's
+    64-worker runs, docs/performance.md)."""
     needed = req.num_tokens // req.block_size + 1  # the prompt plus the first decode step
     full = worker.total_blocks > 0 and worker.free_blocks < needed
     penalty = _FULL_PENALTY if full else 0
-    return (req.num_blocks - worker.overlap_blocks) + active_blocks(worker, req) + penalty
+    return prompt_work(worker, req) + active_blocks(worker, req) + penalty
 
 
 def active_blocks(worker: WorkerView, req: RouteRequest) -> int:

@@ -23,6 +23,7 @@ from tandem.engine.telemetry.tracing import add_tracing_argument
 from tandem.node.tier_flags import add_tier_arguments
 from tandem.router.cli import (
     POLICY_NAMES,
+    add_kv_tier_costs,
     add_reasoning_parser,
     add_responses_store_size,
     add_tool_call_parser,
@@ -37,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="the router's port")
     parser.add_argument("--host", default="127.0.0.1", help="the router's address")
     parser.add_argument("--policy", choices=POLICY_NAMES, default="kv-aware")
+    add_kv_tier_costs(parser)
     add_tool_call_parser(parser)
     add_reasoning_parser(parser)
     add_responses_store_size(parser)
@@ -159,6 +161,8 @@ def plan(args: argparse.Namespace, model: Path) -> list[Child]:
     router += ["--tool-call-parser", args.tool_call_parser]
     router += ["--reasoning-parser", args.reasoning_parser]
     router += ["--responses-store-size", str(args.responses_store_size)]
+    router += ["--kv-host-hit-cost", str(args.kv_host_hit_cost)]
+    router += ["--kv-disk-hit-cost", str(args.kv_disk_hit_cost)]
     for flag in ("max_model_len", "otlp_traces_endpoint"):
         if getattr(args, flag, None) is not None:
             router += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]

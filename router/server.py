@@ -19,7 +19,7 @@ from tandem.router.app import Router, RouterOptions
 from tandem.router.discovery import EndpointSliceDiscovery, StaticDiscovery
 from tandem.router.metrics import RouterMetrics
 from tandem.router.monitor import Discovery
-from tandem.router.policy import POLICIES
+from tandem.router.policy import POLICIES, TierCosts
 from tandem.router.preprocess import ModelLimits, Preprocessor
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ def build_router(args: argparse.Namespace) -> Router:
         args.cpu_workers,
         DeploymentToken.from_env(),
         args.responses_store_size,
+        TierCosts(args.kv_host_hit_cost, args.kv_disk_hit_cost),
     )
     metrics = RouterMetrics(CollectorRegistry(), name, pod)
     tracing = Tracing("tandem-router", args.otlp_traces_endpoint)

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tandem.engine.api.kv_events import Load
+from tandem.router.kv_index import NO_MATCH, PrefixMatch
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,13 @@ class WorkerView:
     free_blocks: int = 0
     total_blocks: int = 0
     inflight: int = 0  # this router's requests on it now
-    overlap_blocks: int = 0  # leading prompt blocks it has cached (from KV events)
+    overlap_blocks: int = 0  # leading prompt blocks it has cached, in any tier (KV events)
+    host_blocks: int = 0  # of those, the ones found in host memory and not on the device
+    disk_blocks: int = 0  # and the ones found on disk, in neither of the others
+
+    @property
+    def device_blocks(self) -> int:
+        return self.overlap_blocks - self.host_blocks - self.disk_blocks
 
     @property
     def pending(self) -> int:
@@ -183,7 +190,7 @@ class WorkerPool:
                 _end_streams(worker)
 
     def snapshot(
-        self, overlaps: dict[str, int], exclude: frozenset[str] = frozenset()
+        self, matches: dict[str, PrefixMatch], exclude: frozenset[str] = frozenset()
     ) -> tuple[tuple[WorkerView, ...], tuple[WorkerView, ...]]:
         """Healthy workers as (prefill, decode) views, sorted by URL, without `exclude`.
 
@@ -198,9 +205,9 @@ class WorkerPool:
             if url in exclude:
                 continue
             if w.healthy:
-                views[w.address.role].append(_view(w, overlaps))
+                views[w.address.role].append(_view(w, matches))
             elif w.address.role == "decode" and w.agent is not None:
-                ejected.append(_view(w, overlaps))
+                ejected.append(_view(w, matches))
         return tuple(views["prefill"]), tuple(views["decode"] or ejected)
 
 
@@ -210,8 +217,9 @@ def _end_streams(worker: WorkerState) -> None:
         scope.reschedule(0)  # expired: its read raises TimeoutError now
 
 
-def _view(w: WorkerState, overlaps: dict[str, int]) -> WorkerView:
+def _view(w: WorkerState, matches: dict[str, PrefixMatch]) -> WorkerView:
     load = w.load or Load(0, 0, 0, 0)
+    match = matches.get(w.url, NO_MATCH)
     return WorkerView(
         w.url,
         w.address.role,
@@ -222,5 +230,7 @@ def _view(w: WorkerState, overlaps: dict[str, int]) -> WorkerView:
         load.free_blocks,
         load.total_blocks,
         w.inflight,
-        overlaps.get(w.url, 0),
+        match.num_blocks,
+        match.host_blocks,
+        match.disk_blocks,
     )

@@ -4,6 +4,13 @@ Each message carries a sequence number per publisher (and the publisher's agent 
 a subscriber that sees a gap, or a new name, knows it missed events and resynchronises
 (the router's prefix index treats a node's hashes as stale then). Hashes are the design's
 stable 64-bit block hashes, the same the router computes from a prompt.
+
+A node with lower KV tiers (host memory, disk: blocks evicted from the device pool move
+down instead of being dropped) reports them beside the device pool's: a hash may be held in
+several tiers at once (the device pool writes through to host), and one moving from host to
+disk appears in `host_removed` and `disk_stored` of the same batch. The tier fields default
+to empty, so a batch from a publisher without them still decodes, and a subscriber without
+them ignores them (msgspec skips unknown fields).
 """
 
 from __future__ import annotations
@@ -40,12 +47,37 @@ def load_of(scheduler: Scheduler) -> Load:
     )
 
 
+class TierEvents(msgspec.Struct, frozen=True):
+    """One engine iteration's changes to the lower tiers, handed to `publish` by the engine
+    (the device pool's own changes go as `events`). The lists are the caller's; `publish`
+    only reads them."""
+
+    host_stored: list[int] = []
+    host_removed: list[int] = []
+    disk_stored: list[int] = []
+    disk_removed: list[int] = []
+
+    @property
+    def empty(self) -> bool:
+        return not (self.host_stored or self.host_removed or self.disk_stored or self.disk_removed)
+
+
+NO_TIER_EVENTS = TierEvents()
+
+
 class KVEventBatch(msgspec.Struct, frozen=True):
+    """`stored`/`removed`: device-pool hashes; the `host_*` and `disk_*` lists: the lower
+    tiers' (empty from a node without them)."""
+
     seq: int
     node: str
     stored: list[int]
     removed: list[int]
     load: Load
+    host_stored: list[int] = []
+    host_removed: list[int] = []
+    disk_stored: list[int] = []
+    disk_removed: list[int] = []
 
 
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
@@ -53,6 +85,22 @@ _decoder = msgspec.msgpack.Decoder(KVEventBatch)
 
 def decode_batch(data: bytes) -> KVEventBatch:
     return _decoder.decode(data)
+
+
+class KVSnapshot(msgspec.Struct, frozen=True):
+    """`GET /kv/snapshot`'s body: every hash each tier holds, as of batch `seq` of `node`.
+    The tier lists default to empty, as in `KVEventBatch`."""
+
+    node: str
+    seq: int
+    hashes: list[int]  # the device pool's
+    host_hashes: list[int] = []
+    disk_hashes: list[int] = []
+
+
+def decode_snapshot(data: bytes) -> KVSnapshot:
+    """Raises msgspec.DecodeError (a ValueError) for a body that is not a KVSnapshot."""
+    return msgspec.json.decode(data, type=KVSnapshot)
 
 
 class KVEventPublisher:
@@ -70,11 +118,15 @@ class KVEventPublisher:
         self._last_sent = 0.0
         self._encoder = msgspec.msgpack.Encoder()
 
-    def publish(self, events: list[tuple[bool, int]], load: Load) -> bool:
-        """Send stored/removed hashes and the load, if anything changed or a heartbeat is
-        due. Returns whether a message went out."""
+    def publish(
+        self, events: list[tuple[bool, int]], load: Load, tiers: TierEvents = NO_TIER_EVENTS
+    ) -> bool:
+        """Send the device pool's `events` ((stored?, hash), in order), the lower tiers'
+        changes and the load, if anything changed or a heartbeat is due. Returns whether a
+        message went out. Reads `events` and `tiers`; clearing them is the caller's."""
         now = time.monotonic()
-        if not events and load == self._last_load and now - self._last_sent < HEARTBEAT_S:
+        quiet = not events and tiers.empty and load == self._last_load
+        if quiet and now - self._last_sent < HEARTBEAT_S:
             return False
         self.seq += 1
         batch = KVEventBatch(
@@ -83,6 +135,10 @@ class KVEventPublisher:
             [h for stored, h in events if stored],
             [h for stored, h in events if not stored],
             load,
+            tiers.host_stored,
+            tiers.host_removed,
+            tiers.disk_stored,
+            tiers.disk_removed,
         )
         self.socket.send(self._encoder.encode(batch), zmq.NOBLOCK)
         self._last_load, self._last_sent = load, now

@@ -10,7 +10,7 @@ import msgspec
 
 from tandem.engine.api.kv_events import KVEventBatch, Load
 from tandem.router.discovery import StaticDiscovery
-from tandem.router.kv_index import PrefixIndex
+from tandem.router.kv_index import PrefixIndex, PrefixMatch
 from tandem.router.monitor import WorkerMonitor
 from tandem.router.workers import WorkerPool
 
@@ -32,6 +32,14 @@ class FakeSocket:
         return await self.queue.get()
 
 
+async def until(condition) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0)  # yield to the monitor's tasks
+
+    await asyncio.wait_for(poll(), 30)  # a guard against a hang, not a timing
+
+
 def test_a_snapshot_with_a_hole_is_asked_for_again_after_a_backoff():
     snapshots = [(3, [1]), (3, [1]), (5, [1, 2, 3])]  # the third one fits
     asked = []
@@ -43,13 +51,6 @@ def test_a_snapshot_with_a_hole_is_asked_for_again_after_a_backoff():
         asked.append(now[0])
         seq, hashes = snapshots[len(asked) - 1]
         return httpx.Response(200, json={"node": "agent-a", "seq": seq, "hashes": hashes})
-
-    async def until(condition) -> None:
-        async def poll() -> None:
-            while not condition():
-                await asyncio.sleep(0)  # yield to the monitor's tasks
-
-        await asyncio.wait_for(poll(), 30)  # a guard against a hang, not a timing
 
     async def go() -> None:
         index = PrefixIndex()
@@ -76,6 +77,36 @@ def test_a_snapshot_with_a_hole_is_asked_for_again_after_a_backoff():
             await until(lambda: not index.nodes[URL].resyncing)
             assert index.overlap(URL, [1, 2, 3, 4]) == 4  # batch 6 replayed on top
             assert len(asked) == 3
+            reader.cancel()
+            monitor.close()
+
+    asyncio.run(go())
+
+
+def test_a_snapshot_loads_every_tier_and_a_malformed_one_forgets_the_worker():
+    bodies = [
+        {"node": "agent-a", "seq": 5, "hashes": [1], "host_hashes": [2], "disk_hashes": [3]},
+        {"node": "agent-a", "seq": 5, "host_hashes": [2]},  # no device hashes
+    ]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"role": "decode", "agent": "agent-a"})
+        return httpx.Response(200, json=bodies.pop(0))
+
+    async def go() -> None:
+        index = PrefixIndex()
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            discovery = StaticDiscovery([], [URL])
+            monitor = WorkerMonitor(WorkerPool(), index, discovery, http, interval_s=1.0)
+            await monitor.check_once()
+            socket = FakeSocket()
+            reader = asyncio.create_task(monitor.read_events(URL, socket))
+            socket.send(5, [])  # first contact: asks at once
+            await until(lambda: URL in index.nodes and not index.nodes[URL].resyncing)
+            assert index.match(URL, [1, 2, 3]) == PrefixMatch(1, 1, 1)
+            socket.send(7, [])  # a gap: asks again, and gets the malformed body
+            await until(lambda: not bodies and URL not in index.nodes)
             reader.cancel()
             monitor.close()
 

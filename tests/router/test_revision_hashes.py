@@ -55,7 +55,8 @@ def test_each_worker_is_matched_under_its_own_revision():
         index.apply(url, _first_contact(url))
         index.load_snapshot(url, f"agent-{url}", 0, node_hashes("rev-1"))  # all hold rev-1's
     dispatcher = Dispatcher(pool, index, None, None, None, BLOCK_SIZE)
-    overlaps = dispatcher._overlaps(router_prompt())
+    matches = dispatcher._matches(router_prompt())
+    overlaps = {url: match.num_blocks for url, match in matches.items()}
     assert overlaps == {"http://old": 3, "http://new": 0, "http://plain": 0}
 
 
