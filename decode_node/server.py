@@ -91,7 +91,7 @@ class DecodeLoop:
         self.core.agent.expect_writes(node.waiting_remote)
         self.core.metrics.observe(self.core.scheduler)
         events = self.core.kv.pool.events
-        self.publisher.publish(events, self.core.load())
+        self.publisher.publish(events, self.core.load(), self.core.tier_events())
         events.clear()
 
     def ports(self) -> dict[str, int]:

@@ -6,6 +6,7 @@ metrics. The flags every node takes are in `node/flags.py`, the debug views in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import socket
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.api.kv_events import Load, load_of
+from tandem.engine.api.kv_events import NO_TIER_EVENTS, Load, TierEvents, load_of
 from tandem.engine.api.wire import PROTOCOL_VERSION, Fingerprint
 from tandem.engine.core.config import EngineConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager
@@ -96,6 +97,20 @@ class NodeCore:
 
     def load(self) -> Load:
         return load_of(self.scheduler)
+
+    def tier_events(self) -> TierEvents:
+        """The lower KV tiers' changes since the last call, for the KV event publisher."""
+        if self.kv.tiers is None:
+            return NO_TIER_EVENTS
+        changes = self.kv.tiers.drain_events()
+        return TierEvents(**dataclasses.asdict(changes))
+
+    def tier_hashes(self) -> dict[str, list[int]]:
+        """Every hash each lower tier holds, for `/kv/snapshot` (none without tiers)."""
+        tiers = self.kv.tiers
+        if tiers is None:
+            return {}
+        return {f"{tier.name}_hashes": tier.hashes() for tier in tiers.tiers}
 
     @property
     def copies_in_flight(self) -> bool:

@@ -212,7 +212,9 @@ class NodeServer:
     def _kv_snapshot(self) -> dict[str, Any]:
         role = self.role
         pool = role.core.kv.pool
-        snapshot = KVSnapshot(role.core.agent.name, role.publisher.seq, list(pool.cached))
+        snapshot = KVSnapshot(
+            role.core.agent.name, role.publisher.seq, list(pool.cached), **role.core.tier_hashes()
+        )
         return msgspec.structs.asdict(snapshot)
 
     def serve(self, host: str, port: int, metrics_port: int, log_level: str = "info") -> None:

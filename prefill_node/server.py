@@ -74,7 +74,7 @@ class PrefillLoop:
         node.poll()
         self.core.metrics.observe(self.core.scheduler)
         events = self.core.kv.pool.events
-        self.publisher.publish(events, self.core.load())
+        self.publisher.publish(events, self.core.load(), self.core.tier_events())
         events.clear()
 
     def _read_messages(self) -> None:

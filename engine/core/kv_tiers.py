@@ -47,7 +47,7 @@ class TierHit:
 
 
 @dataclass
-class TierEvents:
+class TierChanges:
     """Hashes that entered or left each lower tier since the owner last drained them."""
 
     host_stored: list[BlockHash] = field(default_factory=list)
@@ -125,7 +125,7 @@ class KVTiers:
         self.host = TierIndex(HOST, host_blocks)
         self.disk = TierIndex(DISK, disk_blocks) if disk_blocks else None
         self.block_bytes = block_bytes
-        self.events = TierEvents()
+        self.events = TierChanges()
         # (tier, "down" | "up") -> blocks moved by finished copies; finished loads' seconds
         self.moved: Counter[tuple[str, str]] = Counter()
         self.load_seconds: list[float] = []
@@ -294,6 +294,11 @@ class KVTiers:
         self._moves[copy_id] = (move, len(src_slots))
         self._writes[copy_id] = entries or []
         return copy_id
+
+    def drain_events(self) -> TierChanges:
+        """The changes since the last drain (for the node's KV events); starts anew."""
+        events, self.events = self.events, TierChanges()
+        return events
 
     def held_blocks(self) -> list[KVCacheBlock]:
         """Every device block reference this class holds (one entry per reference)."""

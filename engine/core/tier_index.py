@@ -41,6 +41,9 @@ class TierIndex:
     def __len__(self) -> int:
         return len(self._slots)
 
+    def hashes(self) -> list[BlockHash]:
+        return list(self._slots)
+
     def get(self, block_hash: BlockHash) -> int | None:
         return self._slots.get(block_hash)
 

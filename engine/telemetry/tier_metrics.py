@@ -1,17 +1,18 @@
 """The KV tiers' Prometheus metrics (`TierMetrics`): hits by tier, blocks and bytes moved
-down and up, how long a request's load took, and each lower tier's occupancy. Their series
-appear once a node with tiers observes them (docs/kv-tiers.md)."""
+down and up, how long a request's load took, and each lower tier's occupancy. Every node
+exports them (at 0, capacity 0, without tiers) (docs/kv-tiers.md)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from tandem.engine.core.kv_cache_manager import KVCacheManager
-from tandem.engine.core.tier_ops import TIERS
+from tandem.engine.core.tier_ops import DISK, HOST, TIERS
 
 LABELS = ("model", "role", "pod")
 LOAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 DIRECTIONS = ("down", "up")
+LOWER_TIERS = (HOST, DISK)
 
 
 class TierMetrics:
@@ -52,6 +53,21 @@ class TierMetrics:
         self._seen_hits: dict[str, int] = {}
         self._seen_moved: dict[tuple[str, str], int] = {}
         self._seen_failed = 0
+        self._start_at_zero()
+
+    def _start_at_zero(self) -> None:
+        """Every series present from the start, so a dashboard reads 0, not "No data"; a
+        capacity of 0 is a tier the node does not have."""
+        for tier in TIERS:
+            self.hits.labels(**self._labels, tier=tier)
+        for tier in LOWER_TIERS:
+            for direction in DIRECTIONS:
+                self.blocks_moved.labels(**self._labels, tier=tier, direction=direction)
+                self.bytes_moved.labels(**self._labels, tier=tier, direction=direction)
+            self.used.labels(**self._labels, tier=tier).set(0)
+            self.capacity.labels(**self._labels, tier=tier).set(0)
+        self.load_seconds.labels(**self._labels)
+        self.failed.labels(**self._labels)
 
     def observe(self, kv: KVCacheManager) -> None:
         tiers = kv.tiers
