@@ -7,6 +7,7 @@ neither belongs on a port that anything in the cluster can reach."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -86,6 +87,11 @@ def kv_report(core: NodeCore) -> dict[str, object]:
         "requests": core.scheduler.num_unfinished,
         "rank_writes_in_flight": core.agent.census(),
         "rank_pids": core.runner.workers.pids if core.runner.workers else [],
+        "tiers": {
+            name: dataclasses.asdict(c)
+            for name, c in (core.kv.tiers.counts().items() if core.kv.tiers else ())
+        },
+        "tier_copies_in_flight": core.copies_in_flight,
     }
 
 

@@ -8,12 +8,12 @@ import os
 
 import torch
 
+from tandem.engine.api.tier_flags import add_tier_arguments
 from tandem.engine.core.config import DTYPE_CHOICES, DTYPE_HELP
 from tandem.engine.engine_args import EngineArgs
 from tandem.engine.telemetry.request_log import configure_logging
 from tandem.engine.telemetry.tracing import add_tracing_argument
 from tandem.node.heartbeat import STALL_AFTER_S
-from tandem.node.tier_flags import add_tier_arguments
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
 from tandem.engine.api.deployment_token import DeploymentToken
 from tandem.engine.api.ports import free_port
+from tandem.engine.api.tier_flags import add_tier_arguments
 from tandem.engine.telemetry.tracing import add_tracing_argument
-from tandem.node.tier_flags import add_tier_arguments
 from tandem.router.cli import (
     POLICY_NAMES,
     add_kv_tier_costs,

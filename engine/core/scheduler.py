@@ -55,7 +55,10 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     # Admitted for remote prefill in this step: the node must now ask their prefill worker.
     remote_prefills: list[Request] = field(default_factory=list)
-    # Requests that named a prefill worker but were prefilled here (short uncached part).
+    # Requests admitted to be prefilled here, on their first admission: none named a prefill
+    # worker (the router had none to offer) or their uncached part was short. With
+    # `remote_prefills`, every request is one decision or the other (a retry after a failed
+    # remote prefill is a fallback, not a decision).
     num_local_decisions: int = 0
     # What the runner receives, written by `Scheduler.schedule` (`add` leaves it as it is).
     plan: StepPlan = field(default_factory=StepPlan)
@@ -195,11 +198,12 @@ class Scheduler:
                         break
                     continue
                 request.prefill_worker = None
-                out.num_local_decisions += 1
             num_new = min(num_new, budget)
             if self.kv.allocate_slots(request, num_new, computed) is None:
                 break
             self.waiting.popleft()
+            if request.status == RequestStatus.WAITING:  # its first admission
+                out.num_local_decisions += 1
             self._admit(request, computed)
             out.add(request, num_new)
             budget -= num_new

@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from tandem.engine.api.deployment_token import DeploymentToken
-from tandem.engine.api.kv_events import load_of
+from tandem.engine.api.kv_events import NO_TIER_EVENTS, load_of
 from tandem.engine.api.ports import free_port
 from tandem.engine.api.wire import HELLO_LABEL, PROTOCOL_VERSION, Fingerprint, Hello, Welcome
 from tandem.engine.core.sampling_params import SamplingParams
@@ -128,6 +128,8 @@ class Socket:
         core.agent.name = "prefill-test"
         core.load = lambda: load_of(core.scheduler)
         core.fingerprint = Fingerprint(PROTOCOL_VERSION, "m", "", "float32", 16, "1x2x1x8")
+        core.copies_in_flight = False  # no KV tiers
+        core.tier_events = lambda: NO_TIER_EVENTS
         self.core = core
         self.node = PrefillLoop(core, NodeLoop(), "127.0.0.1", free_port(), 0)
         self.context = zmq.Context()

@@ -49,18 +49,22 @@ def decode(llama_dir, node_logs):
 
 
 def serve_one(decode: Node, prefill: Node, rid: str, tokens: list[int]) -> tuple[int, bool]:
-    """(cached prompt tokens, prefilled remotely) of one request served to its end."""
+    """(prompt tokens the decode node found cached, prefilled remotely) of one request
+    served to its end. The decode node's own hit, from its counter: `usage` reports the
+    larger of its hit and the prefill worker's, whose pool is not the simulated one."""
 
     def count(name: str, **labels: str) -> float:
         return metric_value(decode.metrics(), name, **labels)
 
     remote = count("tandem_disagg_decisions_total", decision="remote")
     fallbacks = count("tandem_prefill_fallbacks_total")
+    hits = count("tandem_prefix_cache_hits_total")
     sampling = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
     _, _, last = generate(decode, rid, tokens, sampling, prefill)
     assert last["finish_reason"] == "length", last
     assert count("tandem_prefill_fallbacks_total") == fallbacks, "a remote prefill failed over"
-    return last["usage"]["cached_tokens"], count(
+    assert last["usage"]["cached_tokens"] >= count("tandem_prefix_cache_hits_total") - hits
+    return int(count("tandem_prefix_cache_hits_total") - hits), count(
         "tandem_disagg_decisions_total", decision="remote"
     ) > remote
 

@@ -118,3 +118,23 @@ def test_threshold_keeps_short_prompts_local():
     out = s.schedule()
     assert out.num_local_decisions == 1 and out.remote_prefills == [long]
     assert out.scheduled == [short] and short.prefill_worker is None
+
+
+def test_every_first_admission_is_a_decision_and_a_retry_is_not():
+    """A request naming no prefill worker (the router had none) is a local decision; one
+    waiting for blocks is counted when admitted, once; a remote prefill that failed over
+    to here is a fallback, not a decision."""
+    s = make_scheduler(blocks=4, block_size=4)
+    s.add_request(request("big", 13, max_tokens=3))  # the whole pool
+    s.add_request(request("next", 6, max_tokens=2))
+    counted = []
+    while s.has_unfinished_requests():
+        out = s.schedule()
+        counted.append(out.num_local_decisions)
+        s.update_from_output(out, fake_run(out))
+    assert counted[0] == 1 and sum(counted) == 2  # "next" waited, then counted once
+    r = remote_request("r", 9)
+    s.add_request(r)
+    assert s.schedule().remote_prefills == [r]
+    s.retry_remote("r", None)
+    assert s.schedule().num_local_decisions == 0
