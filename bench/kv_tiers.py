@@ -9,7 +9,7 @@ TTFT p50/p90, and the blocks the tiers moved; then the medians per configuration
         --time-scale 8 --num-kv-blocks 512 --host-blocks 16384 --repeats 3
 
 Then the copy cost per block of each tier (`TierCopier`, this machine's memory and disk),
-and a step's time with and without copies running beside it (`--copy-probe`).
+and a step's time with and without copies running beside it; `--copy-probe`: only those.
 """
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ from local_serve import local_serve, worker_entries
 from machine import describe_host
 from replay_client import replay
 
+from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.core.tier_ops import DEVICE, DISK, HOST, TierCopy
 from tandem.engine.engine_args import EngineArgs
 from tandem.engine.exec.model_shard import kv_block_bytes
 from tandem.engine.exec.tier_copier import TierCopier
+from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.tiny_model import make_model
 from tandem.sim.traces import read_trace
 from tandem.sim.workload import SimRequest, fit_lengths, scale_load
@@ -155,6 +157,38 @@ def copy_probe(model: str) -> None:
         copier.close()
 
 
+def step_probe(model: str, host_blocks: int = 0, repeats: int = 3) -> list[float]:
+    """Per engine step, seconds: 16 sequences of 256-token prompts, chunked, then 48 tokens
+    each, on an engine with or without a host tier. Every full block is copied down beside
+    the steps when there is one (stores, no loads: the prompts share nothing)."""
+    gib = host_blocks * block_gib(model) * 1.0001
+    args = EngineArgs(model, dtype="float32", num_kv_blocks=2048, max_num_batched_tokens=512,
+                      max_model_len=512, kv_host_gib=gib)  # fmt: skip
+    engine = LLMEngine(args.create_config())
+    times = []
+    try:
+        for rep in range(repeats):
+            for i in range(16):
+                prompt = [(rep * 4099 + i * 257 + t) % 500 + 1 for t in range(256)]
+                params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+                engine.add_request(f"r{rep}-{i}", prompt, params)
+            while engine.has_unfinished_requests():
+                start = time.perf_counter()
+                engine.step()
+                times.append(time.perf_counter() - start)
+    finally:
+        engine.shutdown()
+    return times
+
+
+def print_step_probe(model: str) -> None:
+    for host in (0, 8192):
+        times = step_probe(model, host)
+        print(f"steps with {'a host tier' if host else 'no tier':>11}: {len(times)} steps, "
+              f"median {statistics.median(times) * 1e3:.2f} ms, mean "
+              f"{statistics.fmean(times) * 1e3:.2f} ms")  # fmt: skip
+
+
 def config_block_shape(config) -> tuple[int, ...]:
     m = config.model
     return (m.num_layers, 2, config.cache.block_size, m.num_kv_heads, m.head_dim)
@@ -168,9 +202,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         model = str(make_model(Path(folder) / "llama", arch="llama", seed=0))
         copy_probe(model)
+        print_step_probe(model)
         if args.copy_probe:
             return
-        trace = read_trace(args.trace, 32000, args.num_requests, args.length_scale)
+        vocab = EngineArgs(model, num_kv_blocks=1).create_config().model.vocab_size
+        trace = read_trace(args.trace, vocab, args.num_requests, args.length_scale)
         requests = fit_lengths(scale_load(trace, args.time_scale), args.max_model_len)
         configs = [("device", 0, 0), ("host", args.host_blocks, 0)]
         if args.disk_blocks:

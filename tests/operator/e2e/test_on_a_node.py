@@ -330,6 +330,36 @@ def test_a_killed_prefill_pod_makes_decode_fall_back(ready):
     })  # fmt: skip
 
 
+def test_kv_tiers_on_the_decode_pool_roll_it_and_its_pod_serves_with_them(ready):
+    """`spec.decode.kvTiers` (a host tier, and a disk tier on the default emptyDir, under
+    restricted Pod Security) rolls the decode pool under load with no failed request; its
+    new pod has both tiers (their capacity on its metrics) and the routers use it."""
+    tiers = {"host": {"size": "64Mi"}, "disk": {"size": "128Mi"}}
+    with StreamLoad(ready.router_url()) as load:
+        assert wait_until(lambda: load.count() >= 8, timeout=HANG_S)
+        started = time.monotonic()
+        patch_spec(ready.api, ready.ref(), {"decode": {"kvTiers": tiers}})
+        assert wait_until(lambda: _decode_tiered(ready), timeout=START_S)
+        rolled_s = time.monotonic() - started
+        served = load.count()
+        assert wait_until(lambda: load.count() >= served + 8, timeout=HANG_S)
+    assert load.failures() == [], load.failures()[:3]
+    (decode_ip,) = ready.ready_ips("decode")
+    metrics = f"http://{decode_ip}:{METRICS_PORT}/metrics"
+    for tier in ("host", "disk"):
+        assert sum_metric(metrics, "tandem_kv_tier_capacity_blocks", tier=tier) > 0, tier
+    report("decode_kv_tiers", {"rolled_s": round(rolled_s, 1), "requests": load.count()})
+
+
+def _decode_tiered(ready: Served) -> bool:
+    """The decode pool's one pod runs with the tiers' flags, Ready, and the routers use it."""
+    pods = ready.current("decode")
+    if len(pods) != 1 or not is_ready(pods[0]):
+        return False
+    args = pods[0]["spec"]["containers"][0].get("args", [])
+    return "--kv-disk-dir" in args and ready.routers_follow("decode", 1)
+
+
 def _replaced_under_load(ready: Served, role: str) -> tuple[StreamLoad, float]:
     """The role's one pod deleted under 8 streams: the load, once a replacement is adopted
     and 8 more requests ended, and the seconds from the deletion to the adoption."""
