@@ -132,6 +132,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.remote: dict[str, Request] = {}
         self.loading: dict[str, Request] = {}  # prefixes being loaded from a lower KV tier
+        self._status_before_load: dict[str, RequestStatus] = {}  # restored when loaded
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
         # Holds taken since the node last drained this list.
@@ -221,6 +222,7 @@ class Scheduler:
         self.waiting.popleft()
         self._count_prefix_hit(request, computed)
         request.tier_loaded = True
+        self._status_before_load[request.request_id] = request.status
         request.status = RequestStatus.WAITING_FOR_KV_LOAD
         self.loading[request.request_id] = request
         self.kv.tiers.load(request.request_id, computed.lower, computed.blocks)
@@ -233,7 +235,7 @@ class Scheduler:
             return
         loaded = [self.loading.pop(rid) for rid in self.kv.tiers.poll() if rid in self.loading]
         for request in sorted(loaded, key=lambda r: r.arrival_time, reverse=True):
-            request.status = RequestStatus.WAITING
+            request.status = self._status_before_load.pop(request.request_id)
             self.waiting.appendleft(request)
 
     def _admit_remote(
@@ -363,6 +365,7 @@ class Scheduler:
             self._abandon_remote(request)
         elif request.status == RequestStatus.WAITING_FOR_KV_LOAD:
             del self.loading[request.request_id]  # the tiers keep the blocks the copy writes
+            del self._status_before_load[request.request_id]
         else:
             self.waiting.remove(request)
         self.kv.free(request)

@@ -180,6 +180,24 @@ def test_a_failed_copy_down_forgets_the_blocks_and_a_failed_load_publishes_nothi
     assert r.tier_loaded and s.kv.stats.tier_hits[HOST] == 3 * BS
 
 
+def test_a_preempted_request_that_loads_comes_back_preempted_and_is_counted_once():
+    s, t = make(blocks=6, host=32)
+    submit(s, "a", prompt(0, 1))
+    drain(s, t)
+    submit(s, "b", prompt(1, 1))
+    drain(s, t)
+    r = submit(s, "a2", prompt(0, 1))
+    r.status = RequestStatus.PREEMPTED  # as after a preemption: counted already
+    step(s, t)
+    assert "a2" in s.loading
+    t.run()
+    out = s.schedule()
+    assert r.status == RequestStatus.RUNNING and out.num_local_decisions == 0
+    assert s.kv.stats.tier_hits[HOST] == 0  # not counted again
+    s.update_from_output(out, model_run(s, out, t.tiers[DEVICE]))
+    drain(s, t)
+
+
 def test_a_full_host_tier_demotes_to_disk_and_a_full_disk_tier_drops():
     s, t = make(blocks=8, host=4, disk=4)
     for c in range(3):
