@@ -141,7 +141,7 @@ class KVTiers:
 
     @property
     def tiers(self) -> tuple[TierIndex, ...]:
-        return (self.host, self.disk) if self.disk else (self.host,)
+        return (self.host,) if self.disk is None else (self.host, self.disk)
 
     @property
     def in_flight(self) -> bool:

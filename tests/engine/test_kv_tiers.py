@@ -239,6 +239,11 @@ def test_random_conversations_read_the_right_content_from_every_tier(seed):
     assert sum(s.kv.stats.tier_hits[x] for x in (HOST, DISK)) > 0  # the test loads
 
 
+def test_an_empty_disk_tier_is_still_a_tier():
+    s, _ = make(blocks=4, host=2, disk=3)
+    assert {name: c.total for name, c in s.kv.tiers.counts().items()} == {HOST: 2, DISK: 3}
+
+
 def test_the_tier_index_hands_out_every_slot_once_and_evicts_lru():
     index = TierIndex(HOST, 2)
     assert index.put(10) == (0, None) and index.put(11) == (1, None)
