@@ -104,12 +104,19 @@ def drain(s: Scheduler, transport: ModelTransport) -> None:
         step(s, transport)
 
 
-def test_a_block_evicted_from_the_device_is_loaded_back_from_the_host_tier():
+def a_pushed_down():
+    """Request "a" (17 tokens: 4 full blocks) served, then "b" (5 blocks of the pool's 6),
+    which evicts all but a's first block from the device: the rest is in the host tier."""
     s, t = make(blocks=6, host=32)
-    submit(s, "a", prompt(0, 1))  # 17 tokens: 4 full blocks
+    submit(s, "a", prompt(0, 1))
     drain(s, t)
-    submit(s, "b", prompt(1, 1))  # 5 blocks of the 6: evicts all but a's first block
+    submit(s, "b", prompt(1, 1))
     drain(s, t)
+    return s, t
+
+
+def test_a_block_evicted_from_the_device_is_loaded_back_from_the_host_tier():
+    s, t = a_pushed_down()
     found = s.kv.get_computed_blocks(submit(s, "a2", prompt(0, 1)))
     assert found.num_tokens == BS and [h.tier for h in found.lower] == [HOST] * 3
     step(s, t)  # admission finds a's prefix in the host tier: a load, not a prefill
@@ -140,11 +147,7 @@ def test_a_stored_block_is_not_reused_until_its_copy_down_ran():
 
 
 def test_an_abort_during_a_load_leaves_its_blocks_held_until_the_copy_ran():
-    s, t = make(blocks=6, host=32)
-    submit(s, "a", prompt(0, 1))
-    drain(s, t)
-    submit(s, "b", prompt(1, 1))
-    drain(s, t)
+    s, t = a_pushed_down()
     submit(s, "a2", prompt(0, 1))
     step(s, t)
     assert "a2" in s.loading
@@ -181,11 +184,7 @@ def test_a_failed_copy_down_forgets_the_blocks_and_a_failed_load_publishes_nothi
 
 
 def test_a_preempted_request_that_loads_comes_back_preempted_and_is_counted_once():
-    s, t = make(blocks=6, host=32)
-    submit(s, "a", prompt(0, 1))
-    drain(s, t)
-    submit(s, "b", prompt(1, 1))
-    drain(s, t)
+    s, t = a_pushed_down()
     r = submit(s, "a2", prompt(0, 1))
     r.status = RequestStatus.PREEMPTED  # as after a preemption: counted already
     step(s, t)
