@@ -11,12 +11,12 @@ from tandem.engine.core.block_hash import hash_blocks
 from tandem.engine.core.config import SchedulerConfig
 from tandem.engine.core.request import Request
 from tandem.engine.core.sampling_params import SamplingParams
-from tandem.engine.transfer.prefill_failover import DecodeOptions
 from tandem.router.dispatch import WorkerFailed
 from tandem.router.errors import APIError, Unavailable
 from tandem.router.phase_metrics import ChoiceClock
 from tandem.router.preprocess import Prompt
 from tandem.router.workers import WorkerAddress, WorkerState
+from tandem.sim.cluster_config import ClusterConfig
 from tandem.sim.decode import SimDecode
 from tandem.sim.events import EventQueue
 from tandem.sim.faults import Faults
@@ -40,49 +40,6 @@ from tandem.sim.workload import SimRequest
 
 if TYPE_CHECKING:
     from tandem.sim.slo_watch import SLOWatch
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """The deployment: pool sizes and TP per role, routing, the remote-prefill threshold,
-    and each node's engine limits. `num_prefill == 0` is an aggregated deployment (decode
-    nodes prefill everything themselves). `num_kv_blocks` None: as many as fit the device.
-    The decode nodes' fail-over settings are `DecodeOptions`' (`failover`)."""
-
-    num_prefill: int = 1
-    num_decode: int = 1
-    policy: str = "kv-aware"
-    remote_prefill_threshold: int = 0
-    tp_prefill: int = 1
-    tp_decode: int = 1
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 256
-    max_model_len: int = 8192
-    on_prefill_failure: str = "recompute"  # or "fail"
-    prefill_timeout_s: float = 30.0
-    hold_timeout_s: float = 120.0
-
-    def __post_init__(self) -> None:
-        if self.num_decode < 1 or self.num_prefill < 0:
-            raise ValueError("a deployment needs a decode node (and no negative prefill count)")
-        if self.remote_prefill_threshold < 0:
-            raise ValueError("remote_prefill_threshold must be >= 0")
-        self.failover  # noqa: B018 -- checks the policy and the timeouts
-
-    @property
-    def failover(self) -> DecodeOptions:
-        return DecodeOptions(
-            self.remote_prefill_threshold,
-            self.on_prefill_failure,
-            self.prefill_timeout_s,
-            self.hold_timeout_s,
-        )
-
-    @property
-    def num_devices(self) -> int:
-        return self.num_prefill * self.tp_prefill + self.num_decode * self.tp_decode
 
 
 @dataclass
