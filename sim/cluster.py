@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tandem.engine.api.kv_events import KVSnapshot
 from tandem.engine.core.block_hash import hash_blocks
 from tandem.engine.core.config import SchedulerConfig
 from tandem.engine.core.request import Request
@@ -164,11 +165,9 @@ class Cluster:
         """The node at a prefill endpoint now (dead if it died and has not restarted)."""
         return self.prefills[prefill_index(endpoint)]
 
-    def _snapshot(self, url: str) -> tuple[str, int, list[int]] | None:
+    def _snapshot(self, url: str) -> KVSnapshot | None:
         node = self.nodes[url]
-        if node.dead:
-            return None  # GET /kv/snapshot fails
-        return node.agent, node.seq, list(node.kv.pool.cached)
+        return None if node.dead else node.snapshot()  # a dead one's GET /kv/snapshot fails
 
     @property
     def all_prefills(self) -> list[SimPrefill]:

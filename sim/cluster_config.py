@@ -1,5 +1,5 @@
 """The simulated deployment's settings (`ClusterConfig`): pools, routing, each node's engine
-limits and fail-over, validated once."""
+limits, fail-over and KV tiers, validated once."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ class ClusterConfig:
     """The deployment: pool sizes and TP per role, routing, the remote-prefill threshold,
     and each node's engine limits. `num_prefill == 0` is an aggregated deployment (decode
     nodes prefill everything themselves). `num_kv_blocks` None: as many as fit the device.
-    The decode nodes' fail-over settings are `DecodeOptions`' (`failover`)."""
+    The decode nodes' fail-over settings are `DecodeOptions`' (`failover`). Every node, of
+    either role, gets the same lower KV tiers (`kv_host_blocks`, `kv_disk_blocks` under it;
+    0: none), as `tandem serve --kv-host-gib` gives them; like the engine, tiers need TP 1."""
 
     num_prefill: int = 1
     num_decode: int = 1
@@ -29,6 +31,8 @@ class ClusterConfig:
     on_prefill_failure: str = "recompute"  # or "fail"
     prefill_timeout_s: float = 30.0
     hold_timeout_s: float = 120.0
+    kv_host_blocks: int = 0
+    kv_disk_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.num_decode < 1 or self.num_prefill < 0:
@@ -36,6 +40,17 @@ class ClusterConfig:
         if self.remote_prefill_threshold < 0:
             raise ValueError("remote_prefill_threshold must be >= 0")
         self.failover  # noqa: B018 -- checks the policy and the timeouts
+        self._check_tiers()
+
+    def _check_tiers(self) -> None:
+        """As the engine refuses them (`EngineArgs`, `CacheConfig`)."""
+        if self.kv_host_blocks < 0 or self.kv_disk_blocks < 0:
+            raise ValueError("KV tier sizes must be >= 0 blocks")
+        if self.kv_disk_blocks and not self.kv_host_blocks:
+            raise ValueError("a disk KV tier sits under a host tier: give the host tier too")
+        tp_sizes = (self.tp_decode, self.tp_prefill if self.num_prefill else 1)
+        if self.kv_host_blocks and tp_sizes != (1, 1):
+            raise ValueError("KV tiers need tensor parallel size 1 for now, as the engine")
 
     @property
     def failover(self) -> DecodeOptions:

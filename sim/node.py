@@ -9,15 +9,27 @@ schedule, run the step, update from its output, publish KV events and load. Mess
 arrives during a step waits for its end (or for the end of a wait before a step, which a
 role may add: `wait_before_step`). Subclasses add what the role does around the step in
 the engine step's hooks (`StepHooks`, engine/step.py), at the points the real nodes do.
+
+With lower KV tiers (`ClusterConfig.kv_host_blocks`), the real `KVTiers` sits under the pool
+as on a real node, its copies on a simulated link (`sim/tier_link.py`) that wakes the node
+when one finishes; its events go out with the pool's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tandem.engine.api.kv_events import KVEventBatch, Load, load_of
+from tandem.engine.api.kv_events import (
+    NO_TIER_EVENTS,
+    KVEventBatch,
+    KVSnapshot,
+    Load,
+    TierEvents,
+    load_of,
+)
 from tandem.engine.core.config import SchedulerConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager
 from tandem.engine.core.request import Request
@@ -25,6 +37,7 @@ from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, Scheduler
 from tandem.engine.step import StepHooks
 from tandem.engine.telemetry.step_log import context_lens
 from tandem.sim.step_model import StepShape, StepTimeModel
+from tandem.sim.tier_link import SimTierTransport
 
 if TYPE_CHECKING:
     from tandem.sim.cluster import Cluster
@@ -66,6 +79,18 @@ class SimNode(StepHooks):
         self.dead = False  # a killed node ignores its pending events and messages
         self.died_s: float | None = None
         self._inbox: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
+        self.tier_link = self._attach_tiers(block_size, step_model.tp)
+
+    def _attach_tiers(self, block_size: int, tp: int) -> SimTierTransport | None:
+        """The deployment's lower KV tiers under this node's pool (None: it has none), their
+        copies on a simulated link, as `attach_tiers` puts them under a real node's."""
+        config, profile = self.cluster.config, self.cluster.profile
+        if not config.kv_host_blocks:
+            return None
+        block_bytes = self.step_model.shape.kv_block_bytes(profile.dtype_bytes, block_size, tp)
+        link = SimTierTransport(self, block_bytes)
+        self.kv.attach_tiers(link, config.kv_host_blocks, config.kv_disk_blocks, block_bytes)
+        return link
 
     @property
     def num_steps(self) -> int:
@@ -153,11 +178,12 @@ class SimNode(StepHooks):
             handler(*args)
 
     def publish(self) -> None:
-        """KV events and load to the router, when anything changed (one network hop, then
-        the router's loop in its turn)."""
+        """KV events of every tier and load to the router, when anything changed (one
+        network hop, then the router's loop in its turn)."""
         events = self.kv.pool.events
+        tiers = self._tier_events()
         load = load_of(self.scheduler)
-        if not events and load == self._last_load:
+        if not events and tiers.empty and load == self._last_load:
             return
         self.seq += 1
         batch = KVEventBatch(
@@ -166,10 +192,26 @@ class SimNode(StepHooks):
             [h for stored, h in events if stored],
             [h for stored, h in events if not stored],
             load,
+            tiers.host_stored,
+            tiers.host_removed,
+            tiers.disk_stored,
+            tiers.disk_removed,
         )
         events.clear()
         self._last_load = load
         self.cluster.to_router_loop(self.cluster.router.on_kv_events, self.url, batch)
+
+    def _tier_events(self) -> TierEvents:
+        """The lower tiers' changes since the last publish (`NodeCore.tier_events`)."""
+        if self.kv.tiers is None:
+            return NO_TIER_EVENTS
+        return TierEvents(**dataclasses.asdict(self.kv.tiers.drain_events()))
+
+    def snapshot(self) -> KVSnapshot:
+        """What `GET /kv/snapshot` answers: every tier's hashes as of the last batch."""
+        tiers = self.kv.tiers
+        lower = {f"{t.name}_hashes": t.hashes() for t in tiers.tiers} if tiers else {}
+        return KVSnapshot(self.agent, self.seq, list(self.kv.pool.cached), **lower)
 
     # -- what each role adds ------------------------------------------------------------
 

@@ -44,6 +44,17 @@ class DeviceProfile:
     kv_transfer_latency_s: float = 0.0  # per write posted
     kv_descriptor_s: float = 0.0  # per descriptor (run of adjacent blocks) in a write
     network_latency_s: float = 0.0  # one message hop (HTTP, ZMQ, KV events)
+    # A node's copies between its KV tiers (docs/kv-tiers.md), one at a time, each
+    # `latency + blocks * block bytes / bandwidth`: device<->host over the host link
+    # (PCIe on a GPU, a memory copy on a CPU), host->disk and disk->device at the disk's
+    # rate, the slower part of those. The defaults are datasheet-order estimates for a GPU
+    # host without figures of its own: PCIe Gen4 x16 pinned copies (~25 GB/s achieved) and a
+    # Gen4 NVMe drive (~3 GB/s, ~0.1 ms a request). The shipped profiles' `source` says where
+    # theirs come from (the CPU's: bench/kv_tiers.py --copy-probe).
+    host_link_bandwidth: float = 25e9  # bytes/s, device<->host
+    host_link_latency_s: float = 1e-05  # per copy
+    disk_bandwidth: float = 3e9  # bytes/s, host->disk and disk->device
+    disk_latency_s: float = 1e-04  # per copy
     # Per token a step samples: streaming it out (detokenization, a record over HTTP), which
     # on a CPU node shares the engine's interpreter; fitted by bench/sim_validate.py.
     token_overhead_s: float = 0.0
@@ -108,7 +119,8 @@ class DeviceProfile:
 
     def __post_init__(self) -> None:
         positive = ("peak_flops", "mem_bandwidth", "kv_link_bandwidth", "attention_efficiency")
-        for name in (*positive, "decode_step_scale", "prefill_step_scale"):
+        links = ("host_link_bandwidth", "disk_bandwidth")
+        for name in (*positive, *links, "decode_step_scale", "prefill_step_scale"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be positive")
         for name in ("compute_efficiency", "bandwidth_efficiency", "memory_utilization"):
@@ -116,7 +128,7 @@ class DeviceProfile:
                 raise ValueError(f"profile {self.name!r}: {name} must be in (0, 1]")
         spreads = ("decode_step_spread", "prefill_step_spread")
         non_negative = [f.name for f in fields(self) if f.name.startswith("host_")]
-        for name in (*non_negative, *spreads):
+        for name in (*non_negative, *spreads, "disk_latency_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"profile {self.name!r}: {name} must not be negative")
 

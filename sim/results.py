@@ -1,5 +1,6 @@
 """Figures of one simulated run: latency percentiles, goodput under an SLO, prefix-cache hit
-rates, KV bytes moved and per-pool utilisation, as a JSON-ready dict."""
+rates (by KV tier), KV bytes moved between nodes and blocks between tiers, and per-pool
+utilisation, as a JSON-ready dict."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from tandem.engine.core.tier_ops import DISK, HOST, TIERS
 from tandem.sim.cluster import Cluster, RequestRecord
+from tandem.sim.node import SimNode
 
 PERCENTILES = (50, 90, 99)
 
@@ -64,6 +67,7 @@ def summarize(cluster: Cluster, records: Sequence[RequestRecord], slo: SLO) -> d
         "e2e_s": _percentiles(e2es),
         "phase_mean_s": _phase_means(records),
         "prefix_cache": _prefix_cache(cluster, records),
+        "kv_tiers": _tiers(cluster),
         "kv_transfer": {
             "bytes": sum(p.num_bytes for p in cluster.all_prefills),
             "blocks": sum(p.num_blocks_sent for p in cluster.all_prefills),
@@ -135,18 +139,51 @@ def _count(values: Iterable[str | None]) -> dict[str, int]:
     return dict(sorted(Counter(str(v) for v in values).items()))
 
 
+def _all_nodes(cluster: Cluster) -> list[SimNode]:
+    return [*cluster.all_decodes, *cluster.all_prefills]
+
+
+def _hit_rate(nodes: Sequence[SimNode]) -> float | None:
+    queries = sum(n.kv.stats.queries for n in nodes)
+    return sum(n.kv.stats.hits for n in nodes) / queries if queries else None
+
+
 def _prefix_cache(cluster: Cluster, records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """Token hit rates as the nodes count them (`tandem_prefix_cache_*`), and the share of
-    prompt tokens that no node recomputed."""
+    """Token hit rates as the nodes count them (`tandem_prefix_cache_*`), per role and over
+    every node, the tokens found in each tier summed over the nodes
+    (`tandem_kv_tier_hits_total`), and the share of prompt tokens that no node recomputed."""
     out: dict[str, Any] = {}
     for role, nodes in (("decode", cluster.all_decodes), ("prefill", cluster.all_prefills)):
-        queries = sum(n.kv.stats.queries for n in nodes)
-        hits = sum(n.kv.stats.hits for n in nodes)
-        out[f"{role}_hit_rate"] = hits / queries if queries else None
+        out[f"{role}_hit_rate"] = _hit_rate(nodes)
+    out["hit_rate"] = _hit_rate(_all_nodes(cluster))
+    found: Counter[str] = Counter()
+    for node in _all_nodes(cluster):
+        found.update(node.kv.stats.tier_hits)
+    out["tier_hits"] = {tier: found[tier] for tier in TIERS}
     prompt = sum(r.num_prompt_tokens for r in records)
     reused = sum(max(r.num_cached_tokens, r.num_prefill_cached_tokens) for r in records)
     out["reused_token_share"] = reused / prompt if prompt else None
     return out
+
+
+def _tiers(cluster: Cluster) -> dict[str, Any]:
+    """Each node's lower tiers (blocks), and over every node the blocks moved down into and
+    up from each tier by finished copies (`tandem_kv_tier_blocks_moved_total`), the copies
+    and the seconds their links spent copying."""
+    moved: Counter[tuple[str, str]] = Counter()
+    links = []
+    for node in _all_nodes(cluster):
+        if node.kv.tiers is not None:
+            moved.update(node.kv.tiers.moved)
+            links.append(node.tier_link)
+    config = cluster.config
+    return {
+        "host_blocks": config.kv_host_blocks,
+        "disk_blocks": config.kv_disk_blocks,
+        "moved": {tier: {d: moved[tier, d] for d in ("down", "up")} for tier in (HOST, DISK)},
+        "copies": sum(link.num_copies for link in links),
+        "copy_busy_s": sum(link.busy_s for link in links),
+    }
 
 
 def _pool(nodes: Sequence, duration: float) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry
 
-from tandem.engine.api.kv_events import KVEventBatch
+from tandem.engine.api.kv_events import KVEventBatch, KVSnapshot
 from tandem.router.dispatch import Dispatcher, WorkerFailed
 from tandem.router.errors import APIError
 from tandem.router.kv_index import PrefixIndex
@@ -19,7 +19,7 @@ from tandem.router.workers import WorkerAddress, WorkerPool, WorkerState
 # Where a simulated worker's prefill requests go, as the router hands it to decode nodes.
 ZMQ_PORT = 5555
 
-Snapshotter = Callable[[str], tuple[str, int, list[int]] | None]
+Snapshotter = Callable[[str], KVSnapshot | None]
 
 
 def decode_url(index: int) -> str:
@@ -52,7 +52,7 @@ class SimRouter:
         send: Callable[..., None],
     ) -> None:
         """`agents`: the workers' agent names, as their `/health` says;
-        `snapshot(url)`: the node's (agent, seq, hashes), as `GET /kv/snapshot` answers
+        `snapshot(url)`: the node's hashes of every tier, as `GET /kv/snapshot` answers
         (None: it does not answer); `send(callback, *args)`: deliver after one network hop."""
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
@@ -110,10 +110,12 @@ class SimRouter:
         if snapshot is None:
             self._send(self.index.resync_failed, url)
             return
-        self._send(self._load_snapshot, url, *snapshot)
+        self._send(self._load_snapshot, url, snapshot)
 
-    def _load_snapshot(self, url: str, agent: str, seq: int, hashes: list[int]) -> None:
-        if self.index.load_snapshot(url, agent, seq, hashes):  # a hole remains: ask again
+    def _load_snapshot(self, url: str, s: KVSnapshot) -> None:
+        """As `WorkerMonitor._resync`: every tier's hashes, then the buffered batches; a
+        hole left between them is asked for again."""
+        if self.index.load_snapshot(url, s.node, s.seq, s.hashes, s.host_hashes, s.disk_hashes):
             self.num_resyncs += 1
             self._send(self._resync, url)
 

@@ -41,6 +41,13 @@ class ModelShape:
         """K and V of every layer for one token (all KV heads)."""
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * dtype_bytes
 
+    def kv_block_bytes(self, dtype_bytes: int, block_size: int, tp: int = 1) -> int:
+        """One KV block on one of `tp` ranks (its share of the KV heads, at least one: a
+        head is replicated past `tp == num_kv_heads`), as
+        `tandem.engine.exec.model_shard.kv_block_bytes` counts it."""
+        heads = max(1, self.num_kv_heads // tp)
+        return self.num_layers * 2 * heads * self.head_dim * dtype_bytes * block_size
+
     @classmethod
     def from_model_config(cls, name: str, m: ModelConfig) -> ModelShape:
         return cls(
