@@ -1,5 +1,5 @@
 """Command-line flags that `tandem simulate` and `tandem plan` share: the model, the device,
-the workload and the SLO."""
+the workload, the SLO and the nodes' KV tiers."""
 
 from __future__ import annotations
 
@@ -61,6 +61,39 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("service level objective")
     s.add_argument("--slo-ttft", type=float, default=2.0, help="seconds to the first token")
     s.add_argument("--slo-tpot", type=float, default=0.1, help="seconds per later token")
+
+
+def add_tier_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every node's lower KV tiers, under the nodes' own flag names (docs/kv-tiers.md)."""
+    group = parser.add_argument_group("KV tiers (every node)")
+    group.add_argument(
+        "--kv-host-gib", type=float, default=0.0,
+        help="a host-memory KV tier of this many GiB under each node's device pool (0: none)",
+    )  # fmt: skip
+    group.add_argument(
+        "--kv-disk-gib", type=float, default=0.0,
+        help="a disk KV tier of this many GiB under each node's host tier (0: none)",
+    )  # fmt: skip
+
+
+def tier_blocks(
+    args: argparse.Namespace, shape: ModelShape, profile: DeviceProfile, block_size: int
+) -> tuple[int, int]:
+    """(host, disk) tier sizes in whole blocks of one rank, as the engine sizes them
+    (`EngineArgs`: the GiB given over one block's bytes, rounded down)."""
+    block_bytes = shape.kv_block_bytes(profile.dtype_bytes, block_size)
+    sizes = []
+    for name in ("host", "disk"):
+        gib = getattr(args, f"kv_{name}_gib")
+        if not 0 <= gib < float("inf"):
+            raise SystemExit(f"error: --kv-{name}-gib must be a size in GiB, at least 0")
+        blocks = int(gib * 2**30) // block_bytes
+        if gib and not blocks:
+            raise SystemExit(
+                f"error: a {name} KV tier of {gib} GiB holds no block of {block_bytes} bytes"
+            )
+        sizes.append(blocks)
+    return sizes[0], sizes[1]
 
 
 def model_and_device(args: argparse.Namespace) -> tuple[ModelShape, DeviceProfile]:

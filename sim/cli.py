@@ -6,7 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from tandem.sim.args import add_common_arguments, model_and_device, slo, workload
+from tandem.sim.args import (
+    add_common_arguments,
+    add_tier_arguments,
+    model_and_device,
+    slo,
+    tier_blocks,
+    workload,
+)
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.faults import Faults, Outage
 from tandem.sim.simulate import sweep
@@ -26,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d.add_argument("--max-num-batched-tokens", type=int, default=2048)
     d.add_argument("--max-num-seqs", type=int, default=256)
     d.add_argument("--max-model-len", type=int, default=None, help="default: the model's")
+    add_tier_arguments(parser)
     f = parser.add_argument_group("failures")
     f.add_argument(
         "--on-prefill-failure", default="recompute", choices=("recompute", "fail"),
@@ -56,7 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, help="write the latency-against-load PNG here")
 
 
-def cluster_config(args: argparse.Namespace, max_model_len: int) -> ClusterConfig:
+def cluster_config(
+    args: argparse.Namespace, max_model_len: int, tiers: tuple[int, int] = (0, 0)
+) -> ClusterConfig:
+    """The deployment the flags describe; `tiers`: each node's (host, disk) KV tier blocks."""
     try:
         return ClusterConfig(
             num_prefill=args.prefill,
@@ -73,6 +84,8 @@ def cluster_config(args: argparse.Namespace, max_model_len: int) -> ClusterConfi
             on_prefill_failure=args.on_prefill_failure,
             prefill_timeout_s=args.prefill_timeout,
             hold_timeout_s=args.hold_timeout,
+            kv_host_blocks=tiers[0],
+            kv_disk_blocks=tiers[1],
         )
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from exc
@@ -94,7 +107,8 @@ def faults(args: argparse.Namespace) -> Faults:
 
 def run(args: argparse.Namespace) -> None:
     shape, profile = model_and_device(args)
-    config = cluster_config(args, shape.max_position_embeddings)
+    tiers = tier_blocks(args, shape, profile, args.block_size)
+    config = cluster_config(args, shape.max_position_embeddings, tiers)
     try:
         factors = [float(f) for f in args.load_factors.split(",")]
     except ValueError as exc:
@@ -128,7 +142,22 @@ def _line(r: dict) -> str:
         f"reused prompt tokens {100 * (pc['reused_token_share'] or 0):.1f}%; "
         f"KV moved {r['kv_transfer']['bytes'] / 1e9:.2f} GB; "
         f"decode busy {100 * pools['decode']['busy_mean']:.0f}%; "
-        f"simulated in {r['wall_s']:.1f} s" + _failure_line(r["failures"])
+        f"simulated in {r['wall_s']:.1f} s" + _tier_line(r) + _failure_line(r["failures"])
+    )
+
+
+def _tier_line(r: dict) -> str:
+    """The prefix hits by tier and the blocks the tiers moved, with tiers only."""
+    t, pc = r["kv_tiers"], r["prefix_cache"]
+    if not t["host_blocks"]:
+        return ""
+    hits, moved = pc["tier_hits"], t["moved"]
+    return (
+        f"\n  KV tiers ({t['host_blocks']} host, {t['disk_blocks']} disk blocks a node): "
+        f"prefix hits {100 * (pc['hit_rate'] or 0):.1f}% of the tokens looked up (device "
+        f"{hits['device']}, host {hits['host']}, disk {hits['disk']}); blocks moved host down "
+        f"{moved['host']['down']} up {moved['host']['up']}, disk down {moved['disk']['down']} "
+        f"up {moved['disk']['up']}"
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from decimal import Decimal
 from typing import Any
 
 import yaml
@@ -156,8 +157,11 @@ def describe(c: Candidate) -> str:
     )
 
 
-def deployment_yaml(c: Candidate, model_name: str, policy: str) -> str:
-    """An `LLMDeployment` for the candidate (the model's source is for the user to fill)."""
+def deployment_yaml(
+    c: Candidate, model_name: str, policy: str, tiers_gib: tuple[float, float] = (0.0, 0.0)
+) -> str:
+    """An `LLMDeployment` for the candidate (the model's source is for the user to fill);
+    `tiers_gib`: each node's host and disk KV tiers (0: none), as `kvTiers` of both pools."""
     cfg = c.config
     gpus = {"limits": {"nvidia.com/gpu": cfg.tp_decode}}
     spec: dict[str, Any] = {
@@ -184,6 +188,9 @@ def deployment_yaml(c: Candidate, model_name: str, policy: str) -> str:
         },
         "disaggregation": {"remotePrefillThreshold": cfg.remote_prefill_threshold},
     }
+    if tiers_gib[0]:
+        for pool in ("prefill", "decode"):
+            spec[pool]["kvTiers"] = _kv_tiers(*tiers_gib)
     body = {
         "apiVersion": "tandem.dev/v1alpha1",
         "kind": "LLMDeployment",
@@ -191,6 +198,19 @@ def deployment_yaml(c: Candidate, model_name: str, policy: str) -> str:
         "spec": spec,
     }
     return yaml.safe_dump(body, sort_keys=False)
+
+
+def _kv_tiers(host_gib: float, disk_gib: float) -> dict[str, Any]:
+    """`kvTiers` of a pool: the disk on the operator's default volume (an emptyDir)."""
+    tiers = {"host": {"size": _gib(host_gib)}}
+    if disk_gib:
+        tiers["disk"] = {"size": _gib(disk_gib)}
+    return tiers
+
+
+def _gib(gib: float) -> str:
+    """8.0 -> "8Gi", 0.25 -> "0.25Gi": a quantity, the flag's value exactly."""
+    return format(Decimal(repr(gib)).normalize(), "f") + "Gi"
 
 
 def _dns_name(name: str) -> str:

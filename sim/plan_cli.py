@@ -4,9 +4,17 @@ rate, searched with the simulator; prints its predicted figures and an `LLMDeplo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
-from tandem.sim.args import add_common_arguments, model_and_device, slo, workload
+from tandem.sim.args import (
+    add_common_arguments,
+    add_tier_arguments,
+    model_and_device,
+    slo,
+    tier_blocks,
+    workload,
+)
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.plan import SearchSpace, deployment_yaml, describe, search
 from tandem.sim.plan_pool import default_jobs
@@ -40,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs", type=int, default=default_jobs(), help="candidates simulated at once (CPUs)"
     )
+    add_tier_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -58,6 +67,12 @@ def run(args: argparse.Namespace) -> None:
     space = SearchSpace(
         args.tp, args.thresholds, args.max_devices, args.attainment, args.tp_prefill, args.tp_decode
     )
+    host, disk = tier_blocks(args, shape, profile, base.block_size)
+    if host:
+        base = dataclasses.replace(base, kv_host_blocks=host, kv_disk_blocks=disk)
+        space = _tp1(space)
+    elif disk:
+        raise SystemExit("error: a disk KV tier sits under a host tier: give --kv-host-gib too")
     started = time.perf_counter()
     best, tried = search(base, shape, profile, requests, slo(args), space, jobs=args.jobs)
     print(f"searched {len(tried)} candidates in {time.perf_counter() - started:.1f} s")
@@ -67,8 +82,17 @@ def run(args: argparse.Namespace) -> None:
             f"({len(tried)} simulated); raise --max-devices or relax the targets"
         )
     print(f"\ncheapest: {describe(best)}")
-    text = deployment_yaml(best, shape.name, args.policy)
+    text = deployment_yaml(best, shape.name, args.policy, (args.kv_host_gib, args.kv_disk_gib))
     print(text)
     if args.yaml:
         with open(args.yaml, "w") as f:
             f.write(text)
+
+
+def _tp1(space: SearchSpace) -> SearchSpace:
+    """With KV tiers the engine serves TP 1 only: the search narrowed to it."""
+    if 1 not in space.prefill_sizes or 1 not in space.decode_sizes:
+        raise SystemExit("error: KV tiers need TP 1 (as the engine): let --tp include 1")
+    if {*space.prefill_sizes, *space.decode_sizes} != {1}:
+        print("KV tiers need TP 1 for now (as the engine): searching TP 1 only")
+    return dataclasses.replace(space, tp_sizes=(1,), tp_prefill=None, tp_decode=None)

@@ -5,19 +5,24 @@ smaller than their working set."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import yaml
 
 from tandem.engine.core.tier_ops import DEVICE, DISK, HOST, TierCopy
+from tandem.operator.spec import parse
 from tandem.sim.cluster import Cluster, ClusterConfig
 from tandem.sim.events import EventQueue
+from tandem.sim.plan import Candidate, deployment_yaml
 from tandem.sim.profiles import DeviceProfile, load_profile
 from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import SHAPES
 from tandem.sim.tier_link import SimTierTransport, copy_seconds
 from tandem.sim.workload import SimRequest
+from tests.sim.test_cli import tandem
 
 SHAPE = SHAPES["llama-3-8b"]
 H100 = load_profile("h100")
@@ -186,3 +191,48 @@ def test_the_config_refuses_tiers_the_engine_refuses():
     with pytest.raises(ValueError, match=">= 0"):
         ClusterConfig(kv_host_blocks=-1)
     ClusterConfig(num_prefill=0, tp_prefill=2, kv_host_blocks=8)  # no prefill pool: no TP
+
+
+def test_simulate_takes_the_tier_flags_in_gib_and_reports_the_tiers(tmp_path):
+    out = tmp_path / "r.json"
+    result = tandem(
+        "simulate", "--num-requests", "40", "--rate", "20", "--prompt-tokens", "64,512",
+        "--output-tokens", "4,8", "--prefill", "0", "--decode", "1", "--shared-prefix", "256",
+        "--num-kv-blocks", "64", "--kv-host-gib", "1", "--kv-disk-gib", "2.5",
+        "--out", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    # llama-3-8b in bf16: 2 MiB a block of 16 tokens
+    assert (data["cluster"]["kv_host_blocks"], data["cluster"]["kv_disk_blocks"]) == (512, 1280)
+    run = data["runs"][0]
+    assert run["kv_tiers"]["host_blocks"] == 512 and "KV tiers (512 host" in result.stdout
+    assert sum(run["prefix_cache"]["tier_hits"].values()) > 0
+    result = tandem("simulate", "--num-requests", "2", "--kv-disk-gib", "1")
+    assert result.returncode != 0 and "under a host tier" in result.stderr
+    result = tandem("simulate", "--num-requests", "2", "--kv-host-gib", "0.001")
+    assert result.returncode != 0 and "holds no block" in result.stderr
+
+
+def test_plan_with_tiers_searches_tp1_and_gives_both_pools_the_tiers(tmp_path):
+    out = tmp_path / "plan.yaml"
+    result = tandem(
+        "plan", "--target-rate", "5", "--num-requests", "10", "--prompt-tokens", "64,256",
+        "--output-tokens", "4,8", "--tp", "1,2", "--thresholds", "0", "--max-devices", "2",
+        "--slo-ttft", "5", "--slo-tpot", "1", "--max-model-len", "2048",
+        "--kv-host-gib", "8", "--kv-disk-gib", "100", "--yaml", str(out),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "searching TP 1 only" in result.stdout and "TP2" not in result.stdout
+    spec = parse(yaml.safe_load(out.read_text()))  # the operator takes it
+    for pool in (spec.prefill, spec.decode):
+        assert pool.kv_tiers.host_bytes == 8 * 2**30
+        assert pool.kv_tiers.disk.num_bytes == 100 * 2**30
+
+
+def test_an_llmdeployment_without_tiers_has_none():
+    text = deployment_yaml(Candidate(ClusterConfig(), {}), "llama-3-8b", "kv-aware")
+    spec = yaml.safe_load(text)["spec"]
+    assert "kvTiers" not in spec["prefill"] and "kvTiers" not in spec["decode"]
+    half = deployment_yaml(Candidate(ClusterConfig(), {}), "m", "kv-aware", (0.5, 0.0))
+    assert yaml.safe_load(half)["spec"]["decode"]["kvTiers"] == {"host": {"size": "0.5Gi"}}
