@@ -6,12 +6,15 @@ mixed workload, time every step (`LLMEngine.step`, as a node's loop runs it), fi
     python -P bench/calibrate.py --smoke
 
 The KV-link constants are not measured here: they are this machine's `bench/transfer.py`
-figures (docs/performance.md), NIXL over UCX `cma` on default pages.
+figures (docs/performance.md), NIXL over UCX `cma` on default pages. Nor are the KV tiers'
+links: they are kept from the shipped sim/profiles/cpu.json (`bench/kv_tiers.py
+--copy-probe`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -33,7 +36,7 @@ from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.tiny_model import make_model
 from tandem.sim.calibration import fit_profile
 from tandem.sim.node import step_shape
-from tandem.sim.profiles import PROFILE_DIR, DeviceProfile
+from tandem.sim.profiles import PROFILE_DIR, DeviceProfile, load_profile
 from tandem.sim.shapes import load_shape
 from tandem.sim.step_model import StepShape
 from tandem.sim.transfer_profile import load_transfer_profile
@@ -134,6 +137,9 @@ def main() -> None:
         host_cores=os.cpu_count() or 1,
     )
     base = load_transfer_profile(args.transfer_profile).apply(base)
+    links = tier_links(load_profile("cpu"))
+    kept = "KV tier links kept from sim/profiles/cpu.json (bench/kv_tiers.py --copy-probe)"
+    base = dataclasses.replace(base, source=f"{base.source}; {kept}", **links)
     fit = fit_profile(samples, shape, base)
     print(f"command: python -P bench/calibrate.py {' '.join(sys.argv[1:])}")
     print(f"machine: {describe_host()}, python {platform.python_version()}")
@@ -141,6 +147,12 @@ def main() -> None:
     if args.out:
         fit.profile.save(args.out)
         print(f"wrote {args.out}")
+
+
+def tier_links(profile: DeviceProfile) -> dict[str, float]:
+    """`profile`'s KV tier links (host link and disk), which this bench does not measure."""
+    names = ("host_link_bandwidth", "host_link_latency_s", "disk_bandwidth", "disk_latency_s")
+    return {name: getattr(profile, name) for name in names}
 
 
 def _report(samples: list[tuple[StepShape, float]], fit) -> None:

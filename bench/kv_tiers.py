@@ -8,8 +8,11 @@ TTFT p50/p90, and the blocks the tiers moved; then the medians per configuration
     OMP_NUM_THREADS=1 python -P bench/kv_tiers.py --num-requests 1200 --length-scale 64 \\
         --time-scale 8 --num-kv-blocks 512 --host-blocks 16384 --repeats 3
 
-Then the copy cost per block of each tier (`TierCopier`, this machine's memory and disk),
-and a step's time with and without copies running beside it; `--copy-probe`: only those.
+First the copy cost of each tier (`TierCopier`, this machine's memory and disk) for copies
+of 1-256 blocks of the served model's block and of the `small` model's (the one
+sim/profiles/cpu.json is fitted on), the tier links' constants fitted to them (the cpu
+profile's `host_link_*` and `disk_*`), and a step's time with and without copies running
+beside it; `--copy-probe`: only those.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from pathlib import Path
 
 import httpx
@@ -40,6 +44,7 @@ from tandem.engine.exec.model_shard import kv_block_bytes
 from tandem.engine.exec.tier_copier import TierCopier
 from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.tiny_model import make_model
+from tandem.sim.calibration import nonnegative_lstsq
 from tandem.sim.traces import read_trace
 from tandem.sim.workload import SimRequest, fit_lengths, scale_load
 from tests.disagg.nodes import metric_value
@@ -133,28 +138,84 @@ def print_run(name: str, i: int, run: dict) -> None:
     print(f"{name:>10} #{i}: {ttft}  {run['duration_s']:.1f} s  {rates}", flush=True)
 
 
-def copy_probe(model: str) -> None:
-    """Seconds per block of each copy, over 256-block copies (the copier's own thread)."""
+def copy_probe(models: dict[str, str]) -> None:
+    """Each copy direction through the real `TierCopier` (its own thread), for copies of
+    `PROBE_BLOCKS` blocks of each model's block size; then each tier link's constants,
+    `latency + bytes / bandwidth`, fitted to them by the relative error (the device
+    profile's `host_link_*` from device<->host, `disk_*` from host->disk and
+    disk->device)."""
+    points: dict[str, list[tuple[int, float]]] = {HOST: [], DISK: []}  # (bytes, seconds)
+    for name, model in models.items():
+        copies = probe_copies(model)
+        for src, dst, n, size, seconds in copies:
+            points[DISK if DISK in (src, dst) else HOST].append((n * size, seconds))
+            if n == PROBE_BLOCKS[-1]:
+                per_block = seconds / n
+                print(f"copy {src:>6} -> {dst:<6}: {per_block * 1e6:7.2f} us per block of {size} "
+                      f"bytes ({size / per_block / 1e9:.2f} GB/s; {name}, {n} blocks)")  # fmt: skip
+        for src, dst in dict.fromkeys((c[0], c[1]) for c in copies):
+            times = "  ".join(
+                f"{n}: {1e6 * t:.0f}" for s, d, n, _, t in copies if (s, d) == (src, dst)
+            )
+            print(f"  {name} {src} -> {dst}, us per copy of N blocks: {times}")
+    for link, prefix in ((HOST, "host_link"), (DISK, "disk")):
+        latency, bandwidth, error = fit_link(points[link])
+        print(f"{prefix}: {prefix}_latency_s {latency:.3g}, {prefix}_bandwidth {bandwidth:.4g} "
+              f"(median error {100 * error:.1f}% over {len(points[link])} copies)")  # fmt: skip
+
+
+PROBE_BLOCKS = (1, 4, 16, 64, 256)
+
+
+def probe_copies(model: str) -> list[tuple[str, str, int, int, float]]:
+    """(src, dst, blocks, block bytes, median seconds of 5) of every direction and size:
+    from the submission to the copier's thread reporting the copy done (`StampedDone`), so
+    the probe's own polling period is not counted."""
     config = EngineArgs(model, dtype="float32", num_kv_blocks=1024).create_config()
-    shape = (1024, *config_block_shape(config))
-    kv = torch.randn(shape)
+    kv = torch.randn((1024, *config_block_shape(config)))
+    size = kv[0].numel() * 4
+    out = []
     with tempfile.TemporaryDirectory() as folder:
         copier = TierCopier(kv, host_blocks=1024, disk_blocks=1024, disk_dir=folder)
-        n = 256
-        slots = tuple(range(n))
+        copier._done = done = StampedDone()
+        copy_id = 0
         for src, dst in ((DEVICE, HOST), (HOST, DEVICE), (HOST, DISK), (DISK, DEVICE)):
-            times = []
-            for rep in range(5):
-                start = time.perf_counter()
-                copier.submit(TierCopy(rep, src, dst, slots, slots))
-                while not copier.poll():
-                    copier._thread.join(0.0002)
-                times.append(time.perf_counter() - start)
-            per_block = statistics.median(times) / n
-            size = kv[0].numel() * 4
-            print(f"copy {src:>6} -> {dst:<6}: {per_block * 1e6:7.2f} us per block of {size} "
-                  f"bytes ({size / per_block / 1e9:.2f} GB/s)")  # fmt: skip
+            for n in PROBE_BLOCKS:
+                slots = tuple(range(n))
+                times = []
+                for _ in range(5):
+                    start = time.perf_counter()
+                    copier.submit(TierCopy(copy_id, src, dst, slots, slots))
+                    copy_id += 1
+                    while not copier.poll():
+                        copier._thread.join(0.0002)
+                    times.append(done.stamps[-1] - start)
+                out.append((src, dst, n, size, statistics.median(times)))
         copier.close()
+    return out
+
+
+class StampedDone(deque):
+    """A `TierCopier`'s list of finished copies that notes when its thread added each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stamps: list[float] = []
+
+    def append(self, item: tuple[int, bool]) -> None:
+        self.stamps.append(time.perf_counter())
+        super().append(item)
+
+
+def fit_link(points: list[tuple[int, float]]) -> tuple[float, float, float]:
+    """(latency, bytes/s, median relative error) of `seconds = latency + bytes / bw`."""
+    a = np.asarray([[1.0, b] for b, _ in points])
+    y = np.asarray([s for _, s in points])
+    a = a / y[:, None]
+    scale = a.max(axis=0)
+    latency, per_byte = nonnegative_lstsq(a / scale, np.ones_like(y)) / scale
+    errors = [abs((latency + b * per_byte) / s - 1) for b, s in points]
+    return float(latency), 1.0 / per_byte, float(np.median(errors))
 
 
 def step_probe(model: str, host_blocks: int = 0, repeats: int = 3) -> list[float]:
@@ -201,7 +262,8 @@ def main() -> None:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as folder:
         model = str(make_model(Path(folder) / "llama", arch="llama", seed=0))
-        copy_probe(model)
+        small = str(make_model(Path(folder) / "small", size="small", seed=0))
+        copy_probe({"tiny": model, "small": small})
         print_step_probe(model)
         if args.copy_probe:
             return

@@ -17,7 +17,7 @@ from tandem.operator.spec import parse
 from tandem.sim.cluster import Cluster, ClusterConfig
 from tandem.sim.events import EventQueue
 from tandem.sim.plan import Candidate, deployment_yaml
-from tandem.sim.profiles import DeviceProfile, load_profile
+from tandem.sim.profiles import PROFILE_DIR, DeviceProfile, load_profile
 from tandem.sim.results import SLO, summarize
 from tandem.sim.shapes import SHAPES
 from tandem.sim.tier_link import SimTierTransport, copy_seconds
@@ -191,6 +191,20 @@ def test_the_config_refuses_tiers_the_engine_refuses():
     with pytest.raises(ValueError, match=">= 0"):
         ClusterConfig(kv_host_blocks=-1)
     ClusterConfig(num_prefill=0, tp_prefill=2, kv_host_blocks=8)  # no prefill pool: no TP
+
+
+def test_the_shipped_profiles_give_their_tier_links_and_bad_ones_are_refused():
+    for name in ("h100", "h200", "cpu"):
+        profile = load_profile(name)
+        given = set(json.loads((PROFILE_DIR / f"{name}.json").read_text()))
+        tiers = {"host_link_bandwidth", "host_link_latency_s", "disk_bandwidth", "disk_latency_s"}
+        assert tiers <= given, name  # measured or cited, not the defaults
+        if name != "cpu":  # the cpu's disk tier is in the page cache
+            assert profile.disk_bandwidth < profile.host_link_bandwidth
+    with pytest.raises(ValueError, match="disk_bandwidth must be positive"):
+        dataclasses.replace(H100, disk_bandwidth=0)
+    with pytest.raises(ValueError, match="disk_latency_s must not be negative"):
+        dataclasses.replace(H100, disk_latency_s=-1e-3)
 
 
 def test_simulate_takes_the_tier_flags_in_gib_and_reports_the_tiers(tmp_path):
