@@ -6,7 +6,10 @@ node by tier (from the nodes' own counters: tokens found cached over tokens look
 TTFT p50/p90, and the blocks the tiers moved; then the medians per configuration.
 
     OMP_NUM_THREADS=1 python -P bench/kv_tiers.py --num-requests 1200 --length-scale 64 \\
-        --time-scale 8 --num-kv-blocks 512 --host-blocks 16384 --repeats 3
+        --time-scale 8 --num-kv-blocks 512 --host-blocks 16384 --repeats 3 [--simulate]
+
+With `--simulate`, the same requests are then simulated with the shipped cpu profile, each
+configuration's figures printed under the real medians.
 
 First the copy cost of each tier (`TierCopier`, this machine's memory and disk) for copies
 of 1-256 blocks of the served model's block and of the `small` model's (the one
@@ -45,6 +48,11 @@ from tandem.engine.exec.tier_copier import TierCopier
 from tandem.engine.llm_engine import LLMEngine
 from tandem.engine.tiny_model import make_model
 from tandem.sim.calibration import nonnegative_lstsq
+from tandem.sim.cluster import ClusterConfig
+from tandem.sim.profiles import load_profile
+from tandem.sim.results import SLO, summarize
+from tandem.sim.shapes import load_shape
+from tandem.sim.simulate import run_cluster
 from tandem.sim.traces import read_trace
 from tandem.sim.workload import SimRequest, fit_lengths, scale_load
 from tests.disagg.nodes import metric_value
@@ -67,6 +75,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--port", type=int, default=8391)
     p.add_argument("--copy-probe", action="store_true", help="only the per-block copy costs")
+    p.add_argument(
+        "--simulate", action="store_true",
+        help="also simulate the same requests (the shipped cpu profile) and print those figures",
+    )  # fmt: skip
     return p.parse_args()
 
 
@@ -286,6 +298,31 @@ def main() -> None:
                     for role in rs[0]["nodes"]}  # fmt: skip
             print(f"{name:>10}: TTFT p50 {med['ttft_p50'] * 1e3:.1f} ms  p90 "
                   f"{med['ttft_p90'] * 1e3:.1f} ms  hit rate {hits}")  # fmt: skip
+        if args.simulate:
+            simulate_configs(args, model, requests, configs)
+
+
+def simulate_configs(
+    args, model: str, requests: list[SimRequest], configs: list[tuple[str, int, int]]
+) -> None:
+    """The same requests in the simulator with the shipped cpu profile (not fitted to these
+    runs), each configuration as `tandem serve` ran it: one prefill and one decode node of
+    `--num-kv-blocks`, kv-aware routing, remote prefill always, the same tiers."""
+    shape, profile = load_shape(model), load_profile("cpu")
+    print("simulated (sim/profiles/cpu.json):")
+    for name, host, disk in configs:
+        config = ClusterConfig(
+            num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len,
+            kv_host_blocks=host, kv_disk_blocks=disk,
+        )  # fmt: skip
+        cluster, records = run_cluster(config, shape, profile, requests)
+        s = summarize(cluster, records, SLO())
+        pc, moved = s["prefix_cache"], s["kv_tiers"]["moved"]
+        hits = {role: round(pc[f"{role}_hit_rate"] or 0.0, 3) for role in ("decode", "prefill")}
+        print(f"{name:>10}: TTFT p50 {s['ttft_s']['p50'] * 1e3:.1f} ms  p90 "
+              f"{s['ttft_s']['p90'] * 1e3:.1f} ms  hit rate {hits}  tokens by tier "
+              f"{pc['tier_hits']}  host down {moved['host']['down']} up {moved['host']['up']}, "
+              f"disk down {moved['disk']['down']} up {moved['disk']['up']}")  # fmt: skip
 
 
 if __name__ == "__main__":
