@@ -67,6 +67,8 @@ from machine import describe_host
 from proc_stats import cpu_seconds, host_busy, thread_seconds, time_slice
 from replay_client import refused, replay, sent_only
 
+from tandem.engine.engine_args import EngineArgs
+from tandem.engine.exec.model_shard import kv_block_bytes
 from tandem.engine.tiny_model import make_model
 from tandem.router.phase_metrics import PHASES
 from tandem.sim.calibration import (
@@ -110,6 +112,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--policy", default="kv-aware")
     p.add_argument("--threshold", type=int, default=0)
     p.add_argument("--num-kv-blocks", type=int, default=512)
+    p.add_argument(
+        "--kv-host-blocks", type=int, default=0,
+        help="a host KV tier of this many blocks on every node, real and simulated",
+    )  # fmt: skip
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--port", type=int, default=18080)
     p.add_argument("--fit-requests", type=int, default=0, help="calibration slice size")
@@ -165,6 +171,15 @@ def figures(ttft: list[float], tpot: list[float], duration: float, n: int) -> di
     }
 
 
+def host_tier_gib(model: str, num_blocks: int) -> float:
+    """GiB that hold `num_blocks` of the nodes' KV blocks (their dtype on this machine),
+    with a hair more so rounding down to whole blocks keeps them all."""
+    if not num_blocks:
+        return 0.0
+    config = EngineArgs(model, num_kv_blocks=1).create_config()
+    return num_blocks * kv_block_bytes(config) / 2**30 * 1.0001
+
+
 def run_real(args, model: str, slices: list[list[SimRequest]]) -> list[dict[str, float]]:
     """Replay each slice on one `tandem serve`, one after the other."""
     command = [
@@ -173,6 +188,7 @@ def run_real(args, model: str, slices: list[list[SimRequest]]) -> list[dict[str,
         "--remote-prefill-threshold", str(args.threshold), "--port", str(args.port),
         "--num-kv-blocks", str(args.num_kv_blocks), "--max-model-len", str(args.max_model_len),
         "--threads", "1", "--debug-endpoints",  # the nodes' step logs: /debug/steps
+        "--kv-host-gib", repr(host_tier_gib(model, args.kv_host_blocks)),
     ]  # fmt: skip
     base = f"http://127.0.0.1:{args.port}"
     # the router's forwarding, on a router of its own (the same flags as serve's)
@@ -406,6 +422,7 @@ def simulate_once(args, model: str, profile, requests: list[SimRequest], seed: i
         remote_prefill_threshold=args.threshold,
         num_kv_blocks=args.num_kv_blocks,
         max_model_len=args.max_model_len,
+        kv_host_blocks=args.kv_host_blocks,
     )
     cluster, records = run_cluster(config, load_shape(model), profile, requests, seed=seed)
     s = summarize(cluster, records, SLO())
