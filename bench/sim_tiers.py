@@ -51,8 +51,8 @@ def simulate(args: argparse.Namespace, host_gib: float, folder: Path) -> dict:
         "--kv-host-gib", str(host_gib), "--slo-ttft", str(args.slo_ttft),
         "--slo-tpot", str(args.slo_tpot), "--out", str(out),
     ]  # fmt: skip
-    if args.num_requests:
-        command += ["--num-requests", str(args.num_requests)]
+    num = args.num_requests or len(Path(args.trace).read_text().splitlines())  # not 1,000
+    command += ["--num-requests", str(num)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"host {host_gib} GiB: {done.stderr[-2000:]}")
