@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from tandem.engine.core.block_hash import BlockHash
 from tandem.engine.core.block_pool import BlockPool, KVCacheBlock
+from tandem.engine.core.tier_copy_plan import CopyPlan
 from tandem.engine.core.tier_index import TierCounts, TierIndex
 from tandem.engine.core.tier_ops import DEVICE, DISK, HOST, TierCopy, TierTransport
 
@@ -68,43 +69,6 @@ class _Load:
     pending: set[int]  # copy ids not finished yet
     started: float
     ok: bool = True  # every copy finished succeeded
-
-
-@dataclass
-class _Op:
-    src: str
-    dst: str
-    src_slots: list[int] = field(default_factory=list)
-    dst_slots: list[int] = field(default_factory=list)
-    entries: list[tuple[BlockHash, int]] = field(default_factory=list)  # (hash, dst slot)
-    blocks: list[KVCacheBlock] = field(default_factory=list)  # device blocks it reads
-
-
-class _Ops:
-    """Copies in the order they must run; a block joins the last copy when it has the same
-    tiers and does not write a slot that copy writes (one copy gathers, then scatters)."""
-
-    def __init__(self) -> None:
-        self.ops: list[_Op] = []
-
-    def add(
-        self,
-        src: str,
-        dst: str,
-        src_slot: int,
-        dst_slot: int,
-        block_hash: BlockHash,
-        block: KVCacheBlock | None = None,
-    ) -> None:
-        last = self.ops[-1] if self.ops else None
-        if last is None or (last.src, last.dst) != (src, dst) or dst_slot in last.dst_slots:
-            last = _Op(src, dst)
-            self.ops.append(last)
-        last.src_slots.append(src_slot)
-        last.dst_slots.append(dst_slot)
-        last.entries.append((block_hash, dst_slot))
-        if block is not None:
-            last.blocks.append(block)
 
 
 class KVTiers:
@@ -171,7 +135,7 @@ class KVTiers:
         the order of the bookkeeping: a host slot's old block is demoted before a new one
         is stored in it, even within one call."""
         published, self.pool.published = self.pool.published, []
-        ops = _Ops()
+        ops = CopyPlan()
         for block, block_hash in published:
             if block.block_hash != block_hash:
                 continue  # evicted since (its request ended before the step's update)
@@ -191,7 +155,7 @@ class KVTiers:
             else:
                 self._demotes.add(copy_id)
 
-    def _demote(self, block_hash: BlockHash, host_slot: int, ops: _Ops) -> None:
+    def _demote(self, block_hash: BlockHash, host_slot: int, ops: CopyPlan) -> None:
         """The host slot's block leaves the host tier: to the disk tier when there is one
         (and it lacks the hash), else dropped."""
         self.events.add(HOST, False, block_hash)
