@@ -211,7 +211,7 @@ class KVTiers:
             if copy_id in self._demotes:
                 self._demotes.remove(copy_id)
             elif copy_id in self._stores:
-                self.pool.free_blocks(self._stores.pop(copy_id))
+                self.pool.free_blocks(reversed(self._stores.pop(copy_id)))  # tail first
             else:
                 request_id = self._load_of.pop(copy_id)
                 load = self._loads[request_id]
