@@ -103,6 +103,8 @@ class NodeCore:
         if self.kv.tiers is None:
             return NO_TIER_EVENTS
         changes = self.kv.tiers.drain_events()
+        if changes.empty:
+            return NO_TIER_EVENTS
         return TierEvents(**dataclasses.asdict(changes))
 
     def tier_hashes(self) -> dict[str, list[int]]:

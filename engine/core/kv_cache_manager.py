@@ -68,7 +68,9 @@ class KVCacheManager:
     ) -> KVTiers:
         """Put lower KV tiers under the pool, their copies run by `transport` (the runner's
         `TierCopier`); before the first request."""
-        self.tiers = KVTiers(self.pool, transport, host_blocks, disk_blocks, block_bytes)
+        self.tiers = KVTiers(
+            self.pool, transport, host_blocks, disk_blocks, block_bytes, self.record_events
+        )
         return self.tiers
 
     def block_ids(self, request_id: str) -> list[int]:

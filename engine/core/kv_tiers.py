@@ -27,7 +27,7 @@ tiers (for routers).
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +36,8 @@ from tandem.engine.core.block_pool import BlockPool, KVCacheBlock
 from tandem.engine.core.tier_copy_plan import CopyPlan
 from tandem.engine.core.tier_index import TierCounts, TierIndex
 from tandem.engine.core.tier_ops import DEVICE, DISK, HOST, TierCopy, TierTransport
+
+MAX_LOAD_SECONDS = 4096  # load times kept for a drain that does not come (offline engine)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ class TierChanges:
     host_removed: list[BlockHash] = field(default_factory=list)
     disk_stored: list[BlockHash] = field(default_factory=list)
     disk_removed: list[BlockHash] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.host_stored or self.host_removed or self.disk_stored or self.disk_removed)
 
     def add(self, tier: str, stored: bool, block_hash: BlockHash) -> None:
         getattr(self, f"{tier}_{'stored' if stored else 'removed'}").append(block_hash)
@@ -82,17 +88,22 @@ class KVTiers:
         host_blocks: int,
         disk_blocks: int = 0,
         block_bytes: int = 0,
+        record_events: bool = False,
     ) -> None:
+        """`record_events`: keep the hashes entering and leaving each tier in `events` for the
+        owner to drain (KV events for routers); without it nothing accumulates."""
         self.pool = pool
         pool.keep_published = True
         self.transport = transport
         self.host = TierIndex(HOST, host_blocks)
         self.disk = TierIndex(DISK, disk_blocks) if disk_blocks else None
         self.block_bytes = block_bytes
+        self.record_events = record_events
         self.events = TierChanges()
         # (tier, "down" | "up") -> blocks moved by finished copies; finished loads' seconds
         self.moved: Counter[tuple[str, str]] = Counter()
-        self.load_seconds: list[float] = []
+        # the latest finished loads' seconds, for the owner to drain (bounded without one)
+        self.load_seconds: deque[float] = deque(maxlen=MAX_LOAD_SECONDS)
         self._next_id = 0
         self._stores: dict[int, list[KVCacheBlock]] = {}  # copy id -> device blocks read
         self._demotes: set[int] = set()
@@ -143,7 +154,7 @@ class KVTiers:
                 self.host.touch(block_hash)
                 continue
             slot, evicted = self.host.put(block_hash)
-            self.events.add(HOST, True, block_hash)
+            self._record(HOST, True, block_hash)
             if evicted is not None:
                 self._demote(*evicted, ops)
             ops.add(DEVICE, HOST, block.block_id, slot, block_hash, block)
@@ -158,16 +169,16 @@ class KVTiers:
     def _demote(self, block_hash: BlockHash, host_slot: int, ops: CopyPlan) -> None:
         """The host slot's block leaves the host tier: to the disk tier when there is one
         (and it lacks the hash), else dropped."""
-        self.events.add(HOST, False, block_hash)
+        self._record(HOST, False, block_hash)
         if self.disk is None:
             return
         if block_hash in self.disk:
             self.disk.touch(block_hash)
             return
         slot, evicted = self.disk.put(block_hash)
-        self.events.add(DISK, True, block_hash)
+        self._record(DISK, True, block_hash)
         if evicted is not None:
-            self.events.add(DISK, False, evicted[0])
+            self._record(DISK, False, evicted[0])
         ops.add(HOST, DISK, host_slot, slot, block_hash)
 
     def load(self, request_id: str, hits: Sequence[TierHit], held: Iterable[KVCacheBlock]) -> None:
@@ -231,7 +242,7 @@ class KVTiers:
         for index in self.tiers:
             for block_hash in hashes:
                 if index.remove(block_hash):
-                    self.events.add(index.name, False, block_hash)
+                    self._record(index.name, False, block_hash)
         for load in self._loads.values():
             if hashes.intersection(load.hashes):
                 load.ok = False
@@ -241,6 +252,12 @@ class KVTiers:
             self.pool.cache_full_blocks(load.dest, load.hashes, 0)
         self.pool.free_blocks(reversed([*load.held, *load.dest]))
         self.load_seconds.append(time.monotonic() - load.started)
+
+    def drain_load_seconds(self) -> list[float]:
+        """The seconds of the loads finished since the last drain; starts anew."""
+        seconds = list(self.load_seconds)
+        self.load_seconds.clear()
+        return seconds
 
     def _submit(
         self,
@@ -258,6 +275,10 @@ class KVTiers:
         self._moves[copy_id] = (move, len(src_slots))
         self._writes[copy_id] = entries or []
         return copy_id
+
+    def _record(self, tier: str, stored: bool, block_hash: BlockHash) -> None:
+        if self.record_events:
+            self.events.add(tier, stored, block_hash)
 
     def drain_events(self) -> TierChanges:
         """The changes since the last drain (for the node's KV events); starts anew."""

@@ -18,6 +18,7 @@ class CopyOp:
     dst_slots: list[int] = field(default_factory=list)
     entries: list[tuple[BlockHash, int]] = field(default_factory=list)  # (hash, dst slot)
     blocks: list[KVCacheBlock] = field(default_factory=list)  # device blocks it reads
+    written: set[int] = field(default_factory=set)  # dst_slots as a set (membership checks)
 
 
 class CopyPlan:
@@ -37,11 +38,12 @@ class CopyPlan:
         block: KVCacheBlock | None = None,
     ) -> None:
         last = self.ops[-1] if self.ops else None
-        if last is None or (last.src, last.dst) != (src, dst) or dst_slot in last.dst_slots:
+        if last is None or (last.src, last.dst) != (src, dst) or dst_slot in last.written:
             last = CopyOp(src, dst)
             self.ops.append(last)
         last.src_slots.append(src_slot)
         last.dst_slots.append(dst_slot)
+        last.written.add(dst_slot)
         last.entries.append((block_hash, dst_slot))
         if block is not None:
             last.blocks.append(block)

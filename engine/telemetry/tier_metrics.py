@@ -83,8 +83,7 @@ class TierMetrics:
                 self.blocks_moved.labels(**labels).inc(blocks - seen)
                 self.bytes_moved.labels(**labels).inc((blocks - seen) * tiers.block_bytes)
                 self._seen_moved[(tier, direction)] = blocks
-        seconds, tiers.load_seconds = tiers.load_seconds, []
-        for s in seconds:
+        for s in tiers.drain_load_seconds():
             self.load_seconds.labels(**self._labels).observe(s)
         for name, counts in tiers.counts().items():
             self.used.labels(**self._labels, tier=name).set(counts.used)

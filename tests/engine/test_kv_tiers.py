@@ -15,6 +15,7 @@ import pytest
 
 from tandem.engine.core.config import SchedulerConfig
 from tandem.engine.core.kv_cache_manager import KVCacheManager
+from tandem.engine.core.kv_tiers import MAX_LOAD_SECONDS, TierChanges
 from tandem.engine.core.request import Request, RequestStatus
 from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.core.scheduler import ModelRunnerOutput, Scheduler, SchedulerOutput
@@ -56,8 +57,10 @@ class ModelTransport:
         return done
 
 
-def make(blocks: int, host: int, disk: int = 0, tokens: int = 64, seqs: int = 8):
-    kv = KVCacheManager(block_size=BS, num_blocks=blocks)
+def make(
+    blocks: int, host: int, disk: int = 0, tokens: int = 64, seqs: int = 8, events: bool = True
+):
+    kv = KVCacheManager(block_size=BS, num_blocks=blocks, record_events=events)
     device: dict[int, int] = {}
     transport = ModelTransport(device)
     kv.attach_tiers(transport, host, disk)
@@ -211,6 +214,20 @@ def test_a_full_host_tier_demotes_to_disk_and_a_full_disk_tier_drops():
     submit(s, "c1again", prompt(1, 1))  # c1 sits on disk now
     drain(s, t)
     assert s.kv.stats.tier_hits[DISK] > 0
+    assert len(tiers.drain_load_seconds()) == 1 and not tiers.drain_load_seconds()
+
+
+def test_without_an_event_reader_nothing_accumulates():
+    """The offline engine drains neither events nor load times: both stay bounded."""
+    s, t = make(blocks=8, host=4, disk=4, events=False)
+    for c in range(3):
+        submit(s, f"c{c}", prompt(c, 1))
+        drain(s, t)
+    tiers = s.kv.tiers
+    assert tiers.counts()[DISK].used == 4  # the tiers worked ...
+    assert tiers.drain_events() == TierChanges()  # ... and recorded nothing
+    tiers.load_seconds.extend([0.0] * (MAX_LOAD_SECONDS + 10))
+    assert len(tiers.drain_load_seconds()) == MAX_LOAD_SECONDS
 
 
 @pytest.mark.parametrize("seed", range(8))
