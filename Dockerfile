@@ -47,6 +47,7 @@ COPY decode_node /src/decode_node
 COPY router /src/router
 COPY operator /src/operator
 COPY sim /src/sim
+COPY planner /src/planner
 RUN pip wheel -q --no-deps --no-build-isolation -w /dist /src
 
 # The image: the chosen environment, the project's wheel, a user to run as.

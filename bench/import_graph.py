@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # The folders of the `tandem` namespace (tests and bench are not packages of the house).
 SOURCES = ("cli", "engine", "kernels", "node", "prefill_node", "decode_node", "router", "sim",
-           "operator")  # fmt: skip
+           "operator", "planner")  # fmt: skip
 
 
 def package_of(module: str, root: Path = ROOT) -> str:

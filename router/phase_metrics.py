@@ -62,6 +62,12 @@ class ChoiceClock:
             self.finish_reason = record["finish_reason"]
             self.usage = record.get("usage")
 
+    def tpot(self, num_generated: int) -> float | None:
+        """Seconds per output token after the first; None below two tokens."""
+        if num_generated < 2 or self.first is None or self.last is None:
+            return None
+        return (self.last - self.first) / (num_generated - 1)
+
     def phases(self) -> dict[str, float]:
         """Seconds per phase, for the phases this choice went through."""
         out: dict[str, float] = {}
@@ -98,6 +104,12 @@ class PhaseMetrics:
             "tandem_request_generation_tokens", "Generated length of finished requests.",
             LABELS, registry=registry, buckets=LENGTH_BUCKETS,
         )  # fmt: skip
+        self.tpot = Histogram(
+            "tandem_request_time_per_output_token_seconds",
+            "Time per output token after the first, per finished request: (last - first "
+            "token) / (generated - 1), as the client sees it; what a TPOT target is about.",
+            LABELS, registry=registry, buckets=LATENCY_BUCKETS,
+        )  # fmt: skip
         self.finished = Counter(
             "tandem_request_success_total",
             "Requests (choices) ended, by finish reason: stop, length, abort (the client "
@@ -114,3 +126,5 @@ class PhaseMetrics:
         if clock.usage is not None and not failed:
             self.prompt_len.labels(**self._labels).observe(clock.usage.get("prompt_tokens", 0))
             self.generation_len.labels(**self._labels).observe(clock.usage["completion_tokens"])
+            if (tpot := clock.tpot(clock.usage["completion_tokens"])) is not None:
+                self.tpot.labels(**self._labels).observe(tpot)

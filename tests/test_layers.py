@@ -32,6 +32,7 @@ LAYERS: list[set[str]] = [
     {"engine"},
     {"node", "router"},
     {"prefill_node", "decode_node", "sim", "operator"},
+    {"planner"},
     {"cli"},
 ]
 LAYER = {package: i for i, layer in enumerate(LAYERS) for package in layer}

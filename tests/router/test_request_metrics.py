@@ -36,6 +36,12 @@ def test_ttft_phases_add_up_to_the_time_to_first_token():
         "first_decode": 0.25, "decode": 1.0,
     }  # fmt: skip
     assert sum(phases[p] for p in TTFT_PHASES) == clock.first - clock.start
+    metrics = PhaseMetrics(CollectorRegistry(), LABELS)
+    metrics.observe(clock)
+    text = generate_latest(metrics.registry).decode()
+    tpot = "tandem_request_time_per_output_token_seconds"
+    assert metric_value(text, f"{tpot}_count") == 1
+    assert metric_value(text, f"{tpot}_sum") == (104.0 - 103.0) / (3 - 1)
 
 
 def test_a_local_prefill_has_no_ttft_phases_and_an_abandoned_choice_counts_as_abort():
@@ -81,6 +87,7 @@ def test_a_disaggregated_request_is_broken_into_phases(serve, client, tokenizer)
     assert grew("tandem_request_success_total", finish_reason="length") == 2
     assert grew("tandem_request_prompt_tokens_sum") == 2 * num_prompt
     assert grew("tandem_request_generation_tokens_sum") == 10
+    assert grew("tandem_request_time_per_output_token_seconds_count") == 2
     ttft_phases = sum(grew(f"{PHASE}_sum", phase=p) for p in TTFT_PHASES)
     assert 0 < ttft_phases <= grew("tandem_e2e_request_latency_seconds_sum")
     for worker in serve.workers():

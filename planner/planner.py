@@ -1,0 +1,144 @@
+"""One planning step (`Planner.decide`): the routers' traffic of the last interval in, the
+replica counts to set out, with the reason and the figures behind it (`Decision`).
+
+    traffic -> a workload like it (`observed_workload`)
+            -> the current layout simulated; the step model corrected by what was measured
+            -> the cheapest layout within the bounds that meets the SLOs (`LayoutSearch`)
+            -> stabilized (`Stabilizer`): up at once, down after the window
+
+With too few finished requests to model (an idle deployment), the plan is each pool's
+minimum, which the stabilizer reaches only once the window has been idle throughout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.planner.correction import StepCorrection
+from tandem.planner.layout_search import Bounds, Layout, LayoutSearch, Prediction
+from tandem.planner.stabilizer import Stabilizer
+from tandem.planner.traffic import TPOT, TTFT, TrafficWindow
+from tandem.planner.workload import observed_workload
+from tandem.sim.cluster import ClusterConfig
+from tandem.sim.profiles import DeviceProfile
+from tandem.sim.results import SLO
+from tandem.sim.shapes import ModelShape
+
+
+@dataclass(frozen=True)
+class PlannerSettings:
+    """`base`: the deployment as it runs (TP sizes, threshold, engine limits); its replica
+    counts are the planner's to choose. `num_requests`: the simulated workload's size;
+    `min_finished`: fewer finished requests in an interval plan the minimum."""
+
+    slo: SLO
+    attainment: float
+    prefill: Bounds
+    decode: Bounds
+    base: ClusterConfig
+    shape: ModelShape
+    profile: DeviceProfile
+    num_requests: int = 200
+    min_finished: int = 10
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    current: Layout
+    planned: Layout  # the search's answer (each pool's maximum when nothing meets)
+    target: Layout  # what to set now, after stabilization
+    reason: str
+    predicted_attainment: float | None  # of `planned`, on the modelled workload
+    measured_attainment: float | None  # the interval's, from the routers
+    current_attainment: float | None  # the current layout's, simulated
+    rate_rps: float
+    search_s: float
+    simulations: int
+    errors: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        return self.target != self.current
+
+    def as_status(self) -> dict[str, Any]:
+        """The decision as the resource's `status.planner` shows it."""
+        return {
+            "prefill": {"current": self.current.prefill, "desired": self.target.prefill},
+            "decode": {"current": self.current.decode, "desired": self.target.decode},
+            "predictedAttainment": _rounded(self.predicted_attainment),
+            "measuredAttainment": _rounded(self.measured_attainment),
+            "requestRate": round(self.rate_rps, 3),
+            "reason": self.reason,
+            "searchSeconds": round(self.search_s, 3),
+        }
+
+
+class Planner:
+    def __init__(
+        self,
+        settings: PlannerSettings,
+        stabilizer: Stabilizer | None = None,
+        correction: StepCorrection | None = None,
+    ) -> None:
+        self.settings = settings
+        self.stabilizer = stabilizer or Stabilizer()
+        self.correction = correction or StepCorrection()
+
+    def decide(self, now_s: float, current: Layout, traffic: TrafficWindow) -> Decision:
+        s = self.settings
+        start = time.perf_counter()
+        measured = traffic.attainment(s.slo.ttft_s, s.slo.tpot_s)
+        if traffic.finished < s.min_finished:
+            planned = Layout(s.prefill.min_replicas, s.decode.min_replicas)
+            target = self.stabilizer.settle(now_s, current, planned)
+            why = f"{traffic.finished:.0f} requests finished in the interval: planned the minimum"
+            return Decision(current, planned, target, why, None, measured, None,
+                            traffic.rate_rps, time.perf_counter() - start, 0)  # fmt: skip
+        requests = observed_workload(traffic, s.num_requests, s.shape.vocab_size, s.seed)
+        now = self._search(requests).predict(current, whole=True)
+        learn = measured is not None and measured >= s.attainment
+        self.correction.observe(
+            "tpot", traffic.histograms[TPOT].quantile(0.5), now.tpot_p50_s, learn
+        )
+        self.correction.observe(
+            "ttft", traffic.histograms[TTFT].quantile(0.5), now.ttft_p50_s, learn
+        )
+        search = self._search(requests)
+        best = search.cheapest(s.prefill, s.decode)
+        planned = best.layout if best else Layout(s.prefill.max_replicas, s.decode.max_replicas)
+        target = self.stabilizer.settle(now_s, current, planned)
+        return Decision(
+            current, planned, target, _reason(current, target, best, planned, s.attainment),
+            best.attained if best else None, measured, now.attained, traffic.rate_rps,
+            time.perf_counter() - start, search.simulations + 1, dict(self.correction.errors),
+        )  # fmt: skip
+
+    def _search(self, requests) -> LayoutSearch:
+        s = self.settings
+        profile = self.correction.apply(s.profile)
+        return LayoutSearch(s.base, s.shape, profile, requests, s.slo, s.attainment)
+
+
+def _reason(
+    current: Layout, target: Layout, best: Prediction | None, planned: Layout, wanted: float
+) -> str:
+    plan = _layout(planned)
+    if best is None:
+        found = f"no layout within the bounds meets {wanted:.0%} of requests: planned {plan}"
+    else:
+        found = f"{plan} is the cheapest to meet the SLOs ({best.attained:.0%} predicted)"
+    if target == current:
+        held = " (held: scale-down window or cooldown)" if planned != current else ""
+        return f"{found}; stays at {_layout(current)}{held}"
+    return f"{found}; {_layout(current)} -> {_layout(target)}"
+
+
+def _layout(layout: Layout) -> str:
+    return f"{layout.prefill}P+{layout.decode}D"
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)

@@ -1,0 +1,32 @@
+"""Up at once, down only to the highest plan of the window and not within the cooldown."""
+
+from __future__ import annotations
+
+from tandem.planner.layout_search import Layout
+from tandem.planner.stabilizer import Stabilizer
+
+
+def test_up_at_once_down_after_the_window_to_its_highest_plan():
+    s = Stabilizer(down_window_s=300.0, cooldown_s=60.0)
+    now = Layout(1, 1)
+    now = s.settle(0.0, now, Layout(2, 4))
+    assert now == Layout(2, 4)  # up at once, both pools
+    now = s.settle(100.0, now, Layout(1, 2))
+    assert now == Layout(2, 4)  # the window still holds the plan of t=0
+    now = s.settle(200.0, now, Layout(1, 3))
+    assert now == Layout(2, 4)
+    now = s.settle(301.0, now, Layout(1, 1))
+    assert now == Layout(1, 3)  # the highest plan since t=1: t=200's
+    now = s.settle(320.0, now, Layout(1, 1))
+    assert now == Layout(1, 3)  # cooldown: changed at 301
+    now = s.settle(501.0, now, Layout(1, 1))
+    assert now == Layout(1, 1)
+
+
+def test_a_pool_scales_up_within_the_other_pools_cooldown():
+    s = Stabilizer(down_window_s=0.0, cooldown_s=60.0)
+    now = s.settle(0.0, Layout(2, 2), Layout(1, 2))
+    assert now == Layout(1, 2)
+    now = s.settle(10.0, now, Layout(3, 3))
+    assert now == Layout(3, 3)  # scaling up waits for no cooldown
+    assert s.settle(20.0, now, Layout(1, 1)) == Layout(3, 3)
