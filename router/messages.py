@@ -9,7 +9,8 @@ chat answer becomes a `message` (or its stream of events, `tandem.router.message
 - `tools` become functions (`input_schema` their parameters); `tool_choice` `auto`,
   `any`, `tool`, `none` become "auto", "required", a named function, "none";
   `disable_parallel_tool_use` turns `parallel_tool_calls` off.
-- `thinking: {"type": "disabled"}` renders the template with `enable_thinking` false;
+- `thinking: {"type": "disabled"}` renders the template with its thinking switch
+  (`enable_thinking`, or DeepSeek's `thinking`) false, any other type with it true;
   the reply's reasoning comes back as `thinking` blocks.
 - `stop_reason`: `tool_use` (calls), `stop_sequence` (with `stop_sequence` set),
   `max_tokens`, else `end_turn`; `usage` counts the prompt's tokens and the reply's.
@@ -40,6 +41,7 @@ from tandem.router.anthropic_protocol import (
 from tandem.router.errors import InvalidRequest, anthropic_error, is_anthropic
 from tandem.router.messages_stream import message_events, stop_reason_of, tool_use_block
 from tandem.router.protocol import ChatCompletionRequest
+from tandem.router.reasoning import thinking_switch
 
 if TYPE_CHECKING:
     from tandem.router.app import Router
@@ -52,10 +54,11 @@ class MessagesAPI:
 
     def __init__(self, router: Router) -> None:
         self.router = router
+        self.switch = thinking_switch(router.pre.tokenizer) or "enable_thinking"
 
     async def respond(self, req: MessagesRequest, http: HttpRequest) -> Response:
         """The message, or its event stream. Raises APIError (shaped by `errors_shaped`)."""
-        chat = to_chat(req)
+        chat = to_chat(req, self.switch)
         built: list[int] = []  # the prompt's token count, once the generation is built
         answer = await self.router.respond_chat(
             chat, http, lambda gen: built.append(gen.num_prompt_tokens)
@@ -72,7 +75,7 @@ class MessagesAPI:
     async def count_tokens(self, req: MessagesInput) -> Response:
         """`{"input_tokens": N}`: the prompt a request with this input would have."""
         self.router.check_model(req.model)
-        chat = to_chat(req)
+        chat = to_chat(req, self.switch)
         pre = self.router.pre
 
         def count() -> int:
@@ -81,8 +84,9 @@ class MessagesAPI:
         return JSONResponse({"input_tokens": await self.router.cpu.run(count)})
 
 
-def to_chat(req: MessagesInput) -> ChatCompletionRequest:
-    """The chat request that serves `req`. Raises InvalidRequest."""
+def to_chat(req: MessagesInput, switch: str = "enable_thinking") -> ChatCompletionRequest:
+    """The chat request that serves `req`; `switch`: the template's thinking variable.
+    Raises InvalidRequest."""
     body: dict[str, Any] = {
         "model": req.model,
         "messages": _chat_messages(req),
@@ -94,7 +98,7 @@ def to_chat(req: MessagesInput) -> ChatCompletionRequest:
     if req.tool_choice is not None and req.tool_choice.disable_parallel_tool_use:
         body["parallel_tool_calls"] = False
     if req.thinking is not None:
-        body["chat_template_kwargs"] = {"enable_thinking": req.thinking.type != "disabled"}
+        body["chat_template_kwargs"] = {switch: req.thinking.type != "disabled"}
     if isinstance(req, MessagesRequest):
         body.update(
             max_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,

@@ -141,6 +141,15 @@ class ReasoningStream:
         return delta, content_delta, spans.content_start
 
 
+def thinking_switch(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The chat template variable that turns thinking on and off: `enable_thinking`
+    (Qwen3, and DeepSeek's templates that take it too), else `thinking` (DeepSeek-V3.1's
+    own template); None when the template reads neither."""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    return next((name for name in ("enable_thinking", "thinking") if name in template), None)
+
+
 def detect_reasoning_parser(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The parser a chat template calls for: none unless it mentions `<think>`;
     `deepseek_r1` when its generation prompt leaves a `<think>` open (the reply starts

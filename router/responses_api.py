@@ -42,7 +42,7 @@ from tandem.router.protocol import (
     ToolCall,
     ToolChoice,
 )
-from tandem.router.reasoning import END
+from tandem.router.reasoning import END, thinking_switch
 from tandem.router.response_store import ResponseStore
 from tandem.router.responses_output import ReasoningCounter
 from tandem.router.responses_protocol import (
@@ -80,11 +80,7 @@ class ResponsesAPI:
     def __init__(self, pre: Preprocessor, store: ResponseStore) -> None:
         self.pre = pre
         self.store = store
-        template = pre.tokenizer.chat_template
-        template = template if isinstance(template, str) else ""
-        self._thinking_switch = next(
-            (name for name in ("enable_thinking", "thinking") if name in template), None
-        )
+        self._thinking_switch = thinking_switch(pre.tokenizer)
 
     def turn(self, req: ResponsesRequest, response_id: str) -> Turn:
         """The request as a chat request. Raises InvalidRequest, or ResponseNotFound for

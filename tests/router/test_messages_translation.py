@@ -70,6 +70,8 @@ def test_thinking_and_output_config_and_a_prefill():
     assert off.chat_template_kwargs == {"enable_thinking": False}
     on = to_chat(request(thinking={"type": "adaptive"}))
     assert on.chat_template_kwargs == {"enable_thinking": True}
+    deepseek = to_chat(request(thinking={"type": "disabled"}), "thinking")  # V3.1's switch
+    assert deepseek.chat_template_kwargs == {"thinking": False}
     schema = {"type": "object"}
     shaped = to_chat(request(output_config={"format": {"type": "json_schema", "schema": schema}}))
     assert shaped.response_format.json_schema.json_schema == schema

@@ -29,6 +29,7 @@ from tandem.router.reasoning import (
     Reasoned,
     ReasoningStream,
     detect_reasoning_parser,
+    thinking_switch,
 )
 from tandem.router.reasoning_grammar import after_reasoning
 from tandem.router.tool_parsers import HermesParser
@@ -150,6 +151,23 @@ def test_enable_thinking_false_reaches_the_template_and_turns_reasoning_off(qwen
     assert pre.reasoning_for(prompt) is None
     on = pre.chat_prompt(ChatCompletionRequest(messages=messages))
     assert pre.reasoning_for(on) is pre.reasoning and pre.reasoning.name == "qwen3"
+
+
+@pytest.mark.parametrize(
+    ("template", "switch"),
+    [
+        (None, "enable_thinking"),  # Qwen3's own
+        ("deepseek-ai-DeepSeek-V3.1.jinja", "enable_thinking"),  # llama.cpp's takes both
+        ("{% if thinking %}<think>{% endif %}", "thinking"),  # DeepSeek-V3.1's own reads this
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", None),
+    ],
+)
+def test_the_thinking_switch_is_the_variable_the_template_reads(qwen3_tokenizer, template, switch):
+    tokenizer = qwen3_tokenizer.__class__.from_pretrained(qwen3_tokenizer.name_or_path)
+    if template is not None:
+        is_file = template.endswith(".jinja")
+        tokenizer.chat_template = llama_cpp_template(template) if is_file else template
+    assert thinking_switch(tokenizer) == switch
 
 
 def reason_then_sample(tokenizer, spec, reasoning: str, seed: int) -> str:

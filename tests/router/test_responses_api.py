@@ -139,6 +139,24 @@ def test_the_sdk_stream_helper_assembles_the_final_response(client):
     assert client.responses.retrieve(final.id).output[0].arguments == call.arguments
 
 
+def test_temperature_and_top_p_reach_the_engine(client):
+    """Greedy (temperature 0), and sampling at temperature 1 with a `top_p` so small that
+    only the likeliest token is left, both answer as the chat API answers greedily."""
+    greedy = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Count"}], max_tokens=8,
+        temperature=0, extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+    )  # fmt: skip
+    expected = greedy.choices[0].message.content
+    assert expected
+    for sampling in ({"temperature": 0.0}, {"temperature": 1.0, "top_p": 1e-6}):
+        response = client.responses.create(
+            model=MODEL, input="Count", max_output_tokens=8, reasoning=NO_THINKING, **sampling
+        )
+        assert response.output_text == expected, sampling
+        assert response.temperature == sampling["temperature"]
+        assert response.top_p == sampling.get("top_p")
+
+
 def test_thinking_on_makes_a_reasoning_item(client):
     """With no `reasoning` the template's default (thinking on): the reply starts inside
     its reasoning, which a random model never closes."""
