@@ -19,6 +19,7 @@ from tandem.operator.names import FIELD_MANAGER
 logger = logging.getLogger(__name__)
 
 APPLY = "application/apply-patch+yaml"  # JSON is YAML: the body is sent as JSON
+MERGE_PATCH = "application/merge-patch+json"
 # Seconds for one call, connect and read: a reconcile or a probe never hangs on a dead peer.
 REQUEST_TIMEOUT_S = 30.0
 
@@ -50,7 +51,11 @@ class KubeApi:
         query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
         return self._call("PATCH", path, query, obj, APPLY)
 
-    def apply_status(self, llmd: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    def apply_status(
+        self, llmd: dict[str, Any], status: dict[str, Any], manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
+        """Server-side apply of `status` fields as `manager`: fields another manager owns
+        (the planner's `status.planner`, the operator's conditions) are left alone."""
         meta = llmd["metadata"]
         path = LLM_DEPLOYMENT.path(meta["namespace"], meta["name"], "status")
         body = {
@@ -59,8 +64,26 @@ class KubeApi:
             "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
             "status": status,
         }
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        query = [("fieldManager", manager), ("force", "true")]
         return self._call("PATCH", path, query, body, APPLY)
+
+    def scale(
+        self, kind: Kind, namespace: str, name: str, replicas: int | None = None
+    ) -> int | None:
+        """The replicas of the object's scale subresource, set to `replicas` first when
+        given (a merge patch: only that field); None when the object does not exist."""
+        path = kind.path(namespace, name, "scale")
+        try:
+            if replicas is None:
+                body = self._call("GET", path)
+            else:
+                patch = {"spec": {"replicas": replicas}}
+                body = self._call("PATCH", path, body=patch, content_type=MERGE_PATCH)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return int(body.get("spec", {}).get("replicas") or 0)
 
     def get(
         self, kind: Kind, namespace: str, name: str, timeout_s: float = REQUEST_TIMEOUT_S
@@ -103,7 +126,14 @@ class KubeApi:
             if exc.status not in (404, 409):  # already gone, or replaced by a new object
                 raise
 
-    def event(self, llmd: dict[str, Any], kind: str, reason: str, message: str) -> None:
+    def event(
+        self,
+        llmd: dict[str, Any],
+        kind: str,
+        reason: str,
+        message: str,
+        component: str = FIELD_MANAGER,
+    ) -> None:
         meta = llmd["metadata"]
         now = utc_now()
         body = {
@@ -120,7 +150,7 @@ class KubeApi:
             "type": kind,
             "reason": reason,
             "message": message[:1024],
-            "source": {"component": FIELD_MANAGER},
+            "source": {"component": component},
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,

@@ -94,6 +94,27 @@ def test_status_is_applied_to_the_status_subresource(api, server):
     assert request["body"]["kind"] == "LLMDeployment"
 
 
+def test_a_status_applied_by_another_manager_names_it(api, server):
+    _, requests, _ = server
+    api.apply_status(example("minimal"), {"planner": {"reason": "r"}}, manager="tandem-planner")
+    assert requests[0]["query"]["fieldManager"] == ["tandem-planner"]
+
+
+def test_scale_reads_and_merge_patches_the_scale_subresource(api, server):
+    _, requests, answers = server
+    path = "/apis/apps/v1/namespaces/ns/deployments/llama-decode/scale"
+    answers[("GET", path)] = (200, {"kind": "Scale", "spec": {"replicas": 3}})
+    answers[("PATCH", path)] = (200, {"kind": "Scale", "spec": {"replicas": 5}})
+    assert api.scale(DEPLOYMENT, "ns", "llama-decode") == 3
+    assert api.scale(DEPLOYMENT, "ns", "llama-decode", 5) == 5
+    patch = requests[-1]
+    assert patch["method"] == "PATCH" and patch["body"] == {"spec": {"replicas": 5}}
+    assert patch["content_type"] == "application/merge-patch+json"
+    gone = "/apis/apps/v1/namespaces/ns/deployments/gone/scale"
+    answers[("GET", gone)] = (404, {"kind": "Status", "message": "not found"})
+    assert api.scale(DEPLOYMENT, "ns", "gone") is None
+
+
 def test_list_get_and_delete(api, server):
     _, requests, answers = server
     path = "/apis/apps/v1/namespaces/ns/deployments"
@@ -128,6 +149,9 @@ def test_events_name_the_resource(api, server):
     body = request["body"]
     assert body["involvedObject"]["kind"] == "LLMDeployment" and body["reason"] == "InvalidSpec"
     assert body["type"] == "Warning" and body["message"] == "spec.x: bad"
+    assert body["source"] == {"component": "tandem-operator"}
+    api.event(example("minimal"), "Normal", "Scaled", "1P+1D -> 2P+1D", component="tandem-planner")
+    assert requests[-1]["body"]["source"] == {"component": "tandem-planner"}
 
 
 def test_lease_create_and_replace(api, server):
