@@ -27,6 +27,7 @@ from tests.bench_run import run_bench
         ("burst_phases.py", ["| burst | queue ms | remote_prefill ms | kv_transfer ms", "| 0 |"]),
         ("router_loop.py", ["nproc ", "2 streams alone", "2 streams with "]),
         ("step_profile.py", ["| ms per decode step | batch 1 | batch 4 |", "|   attention |"]),
+        ("planner_decide.py", ["| rate req/s | decision s | simulations |", "| 20 | "]),
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):
