@@ -1,6 +1,10 @@
 """An in-memory stand-in for `KubeApi`, to test the reconcile alone (the real KubeApi is
 tested against a real HTTP server in test_kube_api.py). Server-side apply is modelled as
-one manager's apply: the applied fields replace the stored ones, metadata.uid stays."""
+one manager's apply: the applied fields replace the stored ones, metadata.uid stays. Two
+fields have managers of their own, as on a real API server: a Deployment's `spec.replicas`
+(an apply of the count alone, an update of the scale subresource; Kubernetes' default of 1
+once no manager holds it) and the LLMDeployment status's top-level keys (the operator's
+apply, another writer's merge patch)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,9 @@ from typing import Any
 
 from tandem.operator.kinds import Kind, child_kind
 from tandem.operator.kube import ApiError
+from tandem.operator.names import FIELD_MANAGER
+
+Key = tuple[str, str, str]  # (kind, namespace, name)
 
 
 class FakeApi:
@@ -21,24 +28,52 @@ class FakeApi:
         self.deleted: list[str] = []
         self.listed: list[str] = []  # "<kind> <selector>" of every list call
         self.missing_groups = missing_groups
+        self.replica_managers: dict[Key, dict[str, str]] = {}  # manager -> operation
+        self.status: dict[str, Any] = {}  # the LLMDeployment's, as stored
+        self._status_keys: set[str] = set()  # those the operator's last apply held
         self._versions = itertools.count(1)
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(
+        self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
         kind = child_kind(obj)
         self._served(kind)
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
-        stored = copy.deepcopy(obj)
         old = self.objects.get(key)
-        stored["metadata"]["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
-        if old is not None and "status" in old:
-            stored["status"] = old["status"]
+        if old is not None and set(obj.get("spec", {})) == {"replicas"}:  # the count alone
+            stored = copy.deepcopy(old)
+        else:
+            stored = copy.deepcopy(obj)
+            stored["metadata"]["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
+            if old is not None and "status" in old:
+                stored["status"] = old["status"]
+        if obj["kind"] == "Deployment":
+            self._apply_replicas(key, stored, old, obj["spec"].get("replicas"),
+                                 field_manager, force)  # fmt: skip
         self.objects[key] = stored
-        return stored
+        return copy.deepcopy(stored)
+
+    def scale(self, namespace: str, name: str, replicas: int, manager: str) -> None:
+        """An update of a Deployment's scale subresource (the SLO planner's): it takes the
+        count from every other manager."""
+        key = ("Deployment", namespace, name)
+        self.objects[key]["spec"]["replicas"] = replicas
+        self.replica_managers[key] = {manager: "Update"}
+        self._write_managers(key)
 
     def apply_status(self, llmd: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+        """Keys another writer set stay; those the operator applied before and no longer
+        does go."""
         self.statuses.append(copy.deepcopy(status))
-        llmd["status"] = copy.deepcopy(status)  # what the next watch event would carry
+        kept = {k: v for k, v in self.status.items() if k not in self._status_keys}
+        self.status, self._status_keys = copy.deepcopy(kept | status), set(status)
+        llmd["status"] = copy.deepcopy(self.status)  # what the next watch event would carry
         return llmd
+
+    def merge_status(self, llmd: dict[str, Any], patch: dict[str, Any]) -> None:
+        """Another writer's merge patch of the status (the SLO planner's `planner`)."""
+        self.status = copy.deepcopy(self.status | patch)
+        llmd["status"] = copy.deepcopy(self.status)
 
     def get(
         self, kind: Kind, namespace: str, name: str, timeout_s: float | None = None
@@ -96,6 +131,39 @@ class FakeApi:
         stored["metadata"]["resourceVersion"] = str(next(self._versions))
         self.objects[key] = stored
         return copy.deepcopy(stored)
+
+    def _apply_replicas(
+        self,
+        key: Key,
+        stored: dict[str, Any],
+        old: dict[str, Any] | None,
+        wanted: int | None,
+        manager: str,
+        force: bool,
+    ) -> None:
+        managers = self.replica_managers.setdefault(key, {})
+        current = old["spec"].get("replicas") if old is not None else None
+        if wanted is None:
+            managers.pop(manager, None)
+            stored["spec"]["replicas"] = current if managers and current is not None else 1
+        else:
+            others = set(managers) - {manager}
+            if others and wanted != current:
+                if not force:
+                    raise ApiError(409, f"Apply failed with 1 conflict: conflict with {others}")
+                managers.clear()
+            managers[manager] = "Apply"
+            stored["spec"]["replicas"] = wanted
+        self._write_managers(key, stored)
+
+    def _write_managers(self, key: Key, stored: dict[str, Any] | None = None) -> None:
+        """metadata.managedFields, for `spec.replicas` alone."""
+        obj = stored if stored is not None else self.objects[key]
+        obj["metadata"]["managedFields"] = [
+            {"manager": manager, "operation": operation, "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+            for manager, operation in sorted(self.replica_managers[key].items())
+        ]  # fmt: skip
 
     def _served(self, kind: Kind) -> None:
         if kind.group in self.missing_groups:
