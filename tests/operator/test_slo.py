@@ -158,3 +158,17 @@ def test_a_refused_slo_is_reported_and_changes_nothing():
     spec_valid = next(c for c in api.statuses[-1]["conditions"] if c["type"] == "SpecValid")
     assert (spec_valid["status"], spec_valid["message"]) == ("False", outcome.spec_error)
     assert api.statuses[-1]["phase"] == "Invalid"
+
+
+def test_the_crd_keeps_the_planners_status():
+    """`status.planner` is in the schema (the API server would prune an unknown key), and
+    keys the planner adds inside it are kept."""
+    llmd = with_slo(SLO)
+    llmd["status"] = {"phase": "Ready", "planner": {
+        "prefill": {"current": 0, "desired": 1}, "decode": {"current": 2, "desired": 3},
+        "predictedAttainment": 0.94, "measuredAttainment": 0.88, "requestRate": 12.5,
+        "reason": "tpot over target", "searchSeconds": 1.2,
+        "lastChange": "2026-11-21T10:00:00Z", "window": "5m"}}  # fmt: skip
+    assert validate(llmd) == []
+    llmd["status"]["plan"] = {}
+    assert any("'plan' was unexpected" in e for e in validate(llmd))
