@@ -44,14 +44,14 @@ class KubeApi:
         return cls(client.ApiClient(load_configuration()))
 
     def apply(
-        self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER, force: bool = True
+        self, obj: dict[str, Any], manager: str = FIELD_MANAGER, force: bool = True
     ) -> dict[str, Any]:
         """Server-side apply, by default under the field manager `tandem-operator` and
         taking over fields another manager set (the operator owns its children). Unforced,
         a field another manager holds at another value is a conflict: ApiError 409."""
         meta = obj["metadata"]
         path = child_kind(obj).path(meta["namespace"], meta["name"])
-        query = [("fieldManager", field_manager)] + ([("force", "true")] if force else [])
+        query = [("fieldManager", manager)] + ([("force", "true")] if force else [])
         return self._call("PATCH", path, query, obj, APPLY)
 
     def apply_status(

@@ -34,7 +34,7 @@ class FakeApi:
         self._versions = itertools.count(1)
 
     def apply(
-        self, obj: dict[str, Any], field_manager: str = FIELD_MANAGER, force: bool = True
+        self, obj: dict[str, Any], manager: str = FIELD_MANAGER, force: bool = True
     ) -> dict[str, Any]:
         kind = child_kind(obj)
         self._served(kind)
@@ -49,7 +49,7 @@ class FakeApi:
                 stored["status"] = old["status"]
         if obj["kind"] == "Deployment":
             self._apply_replicas(key, stored, old, obj["spec"].get("replicas"),
-                                 field_manager, force)  # fmt: skip
+                                 manager, force)  # fmt: skip
         self.objects[key] = stored
         return copy.deepcopy(stored)
 
