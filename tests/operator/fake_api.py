@@ -3,8 +3,8 @@ tested against a real HTTP server in test_kube_api.py). Server-side apply is mod
 one manager's apply: the applied fields replace the stored ones, metadata.uid stays. Two
 fields have managers of their own, as on a real API server: a Deployment's `spec.replicas`
 (an apply of the count alone, an update of the scale subresource; Kubernetes' default of 1
-once no manager holds it) and the LLMDeployment status's top-level keys (the operator's
-apply, another writer's merge patch)."""
+once no manager holds it) and the LLMDeployment status's top-level keys (each manager's
+status apply: the operator's, the SLO planner's)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,20 @@ from tandem.operator.kube import ApiError
 from tandem.operator.names import FIELD_MANAGER
 
 Key = tuple[str, str, str]  # (kind, namespace, name)
+SCALER = "tandem-planner"  # who updates a scale subresource here
 
 
 class FakeApi:
     def __init__(self, missing_groups: frozenset[str] = frozenset()) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name)
-        self.statuses: list[dict[str, Any]] = []
+        self.statuses: list[dict[str, Any]] = []  # the operator's status applies
         self.events: list[tuple[str, str, str]] = []
         self.deleted: list[str] = []
         self.listed: list[str] = []  # "<kind> <selector>" of every list call
         self.missing_groups = missing_groups
         self.replica_managers: dict[Key, dict[str, str]] = {}  # manager -> operation
         self.status: dict[str, Any] = {}  # the LLMDeployment's, as stored
-        self._status_keys: set[str] = set()  # those the operator's last apply held
+        self._status_keys: dict[str, set[str]] = {}  # manager -> keys of its last apply
         self._versions = itertools.count(1)
 
     def apply(
@@ -53,27 +54,33 @@ class FakeApi:
         self.objects[key] = stored
         return copy.deepcopy(stored)
 
-    def scale(self, namespace: str, name: str, replicas: int, manager: str) -> None:
-        """An update of a Deployment's scale subresource (the SLO planner's): it takes the
-        count from every other manager."""
-        key = ("Deployment", namespace, name)
-        self.objects[key]["spec"]["replicas"] = replicas
-        self.replica_managers[key] = {manager: "Update"}
-        self._write_managers(key)
+    def scale(
+        self, kind: Kind, namespace: str, name: str, replicas: int | None = None
+    ) -> int | None:
+        """KubeApi.scale by SCALER: an update of the count takes it from every other
+        manager."""
+        obj = self.objects.get((kind.kind, namespace, name))
+        if obj is None:
+            return None
+        if replicas is not None:
+            obj["spec"]["replicas"] = replicas
+            self.replica_managers[(kind.kind, namespace, name)] = {SCALER: "Update"}
+            self._write_managers((kind.kind, namespace, name))
+        return obj["spec"]["replicas"]
 
-    def apply_status(self, llmd: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        """Keys another writer set stay; those the operator applied before and no longer
-        does go."""
-        self.statuses.append(copy.deepcopy(status))
-        kept = {k: v for k, v in self.status.items() if k not in self._status_keys}
-        self.status, self._status_keys = copy.deepcopy(kept | status), set(status)
+    def apply_status(
+        self, llmd: dict[str, Any], status: dict[str, Any], manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
+        """Keys other managers hold stay; those `manager` applied before and no longer does
+        go (unless another manager holds them too)."""
+        if manager == FIELD_MANAGER:
+            self.statuses.append(copy.deepcopy(status))
+        others = set().union(*(k for m, k in self._status_keys.items() if m != manager))
+        dropped = self._status_keys.get(manager, set()) - set(status) - others
+        kept = {k: v for k, v in self.status.items() if k not in dropped}
+        self.status, self._status_keys[manager] = copy.deepcopy(kept | status), set(status)
         llmd["status"] = copy.deepcopy(self.status)  # what the next watch event would carry
         return llmd
-
-    def merge_status(self, llmd: dict[str, Any], patch: dict[str, Any]) -> None:
-        """Another writer's merge patch of the status (the SLO planner's `planner`)."""
-        self.status = copy.deepcopy(self.status | patch)
-        llmd["status"] = copy.deepcopy(self.status)
 
     def get(
         self, kind: Kind, namespace: str, name: str, timeout_s: float | None = None

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import copy
 
+from tandem.operator.kinds import DEPLOYMENT
 from tandem.operator.names import FIELD_MANAGER
 from tandem.operator.reconcile import Reconciler
 from tandem.operator.render import render
 from tandem.operator.replica_handover import HANDOVER_MANAGER, hand_over_replicas
 from tests.operator.crd_schema import example
-from tests.operator.fake_api import FakeApi
+from tests.operator.fake_api import SCALER, FakeApi
 
-PLANNER = "tandem-planner"
 SLO = {"ttftMs": 800, "tpotMs": 60, "decode": {"minReplicas": 2, "maxReplicas": 8}}
 
 
@@ -68,10 +68,10 @@ def test_planned_pools_start_at_their_minimum():
 def test_the_planners_count_survives_every_reconcile():
     api, llmd = FakeApi(), planned()
     reconcile(api, llmd)
-    api.scale("default", "llama-decode", 5, PLANNER)
+    api.scale(DEPLOYMENT, "default", "llama-decode", 5)
     reconcile(api, llmd)
     reconcile(api, llmd)
-    assert pool(api, "decode") == (5, {PLANNER: "Update"})
+    assert pool(api, "decode") == (5, {SCALER: "Update"})
 
 
 def test_a_fixed_pool_made_planned_keeps_its_count():
@@ -87,7 +87,7 @@ def test_a_fixed_pool_made_planned_keeps_its_count():
 def test_without_slo_the_spec_count_is_applied_again():
     api, llmd = FakeApi(), planned(decode={"replicas": 3})
     reconcile(api, llmd)
-    api.scale("default", "llama-decode", 6, PLANNER)
+    api.scale(DEPLOYMENT, "default", "llama-decode", 6)
     del llmd["spec"]["slo"]
     reconcile(api, llmd)
     assert pool(api, "decode") == (3, {FIELD_MANAGER: "Apply"})
@@ -105,10 +105,10 @@ def test_a_count_the_planner_took_meanwhile_is_left_to_it():
     api.get = lambda kind, namespace, name, timeout_s=None: copy.deepcopy(
         before.get((kind.kind, namespace, name))
     )
-    api.scale("default", "llama-decode", 6, PLANNER)
+    api.scale(DEPLOYMENT, "default", "llama-decode", 6)
     hand_over_replicas(api, rendered(planned(), "decode"), 2)
     api.get = stale
-    assert pool(api, "decode") == (6, {PLANNER: "Update"})
+    assert pool(api, "decode") == (6, {SCALER: "Update"})
 
 
 def test_the_handover_applies_the_count_alone():
