@@ -1,6 +1,6 @@
 """Who may do what: the router's ServiceAccount with the one permission its discovery
-uses (list EndpointSlices), and the NetworkPolicy that opens the nodes' ports only to the
-pods that need them."""
+uses (list EndpointSlices), the SLO planner's with what it reads and scales, and the
+NetworkPolicy that opens the nodes' ports only to the pods that need them."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ from typing import Any
 from tandem.operator.names import (
     DEPLOYMENT_LABEL,
     EVENTS_PORT,
+    GROUP,
     HTTP_PORT,
     METRICS_PORT,
     NIXL_PORT_RANGE,
+    PLURAL,
     ROLE_LABEL,
     ZMQ_PORT,
     child_name,
     labels,
     selector,
 )
+from tandem.operator.slo import PLANNED_ROLES
 from tandem.operator.spec import LLMDeploymentSpec
 
 ROUTER_RULES = [
@@ -27,14 +30,43 @@ ROUTER_RULES = [
 
 def router_identity(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding, all named `<name>-router`."""
-    name = child_name(spec.name, "router")
-    meta = {"name": name, "labels": labels(spec.name, "router")}
+    return identity(spec, "router", ROUTER_RULES)
+
+
+def planner_rules(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
+    """The SLO planner's rights, no more: read the LLMDeployments (it watches its own) and
+    write its own one's status (`status.planner`); read both pools' Deployments and scale
+    only the pools it plans; find the router pods (list pods, for their IPs); post Events."""
+    pools = [child_name(spec.name, role) for role in PLANNED_ROLES]
+    planned = [child_name(spec.name, role) for role in PLANNED_ROLES if spec.planned(role)]
+    assert planned, "spec.slo plans a pool: no resourceNames would grant every Deployment"
+    status = {"resourceNames": [spec.name]}
+    return [
+        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"],
+         "verbs": ["get", "patch", "update"]} | status,
+        {"apiGroups": ["apps"], "resources": ["deployments", "deployments/scale"],
+         "verbs": ["get"], "resourceNames": pools},
+        {"apiGroups": ["apps"], "resources": ["deployments/scale"], "verbs": ["patch", "update"],
+         "resourceNames": planned},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    ]  # fmt: skip
+
+
+def identity(
+    spec: LLMDeploymentSpec, component: str, rules: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """ServiceAccount, Role (granting `rules`) and RoleBinding, all named
+    `<name>-<component>`."""
+    name = child_name(spec.name, component)
+    meta = {"name": name, "labels": labels(spec.name, component)}
     subject = {"kind": "ServiceAccount", "name": name, "namespace": spec.namespace}
     role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
     rbac = "rbac.authorization.k8s.io/v1"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)},
-        {"apiVersion": rbac, "kind": "Role", "metadata": dict(meta), "rules": ROUTER_RULES},
+        {"apiVersion": rbac, "kind": "Role", "metadata": dict(meta), "rules": rules},
         {
             "apiVersion": rbac,
             "kind": "RoleBinding",

@@ -61,6 +61,15 @@ _BY_KIND = {(k.api_version, k.kind): k for k in CHILD_KINDS}
 # The router's Role grants these; Kubernetes lets the operator create that Role only when
 # it holds the same permissions itself (RBAC escalation prevention).
 ROUTER_PERMISSIONS = {("discovery.k8s.io", "endpointslices", "list")}
+# The same for the SLO planner's Role (access.planner_rules; a test holds the two equal).
+PLANNER_PERMISSIONS = {
+    *((LLM_DEPLOYMENT.group, PLURAL, verb) for verb in ("get", "list", "watch")),
+    *((LLM_DEPLOYMENT.group, f"{PLURAL}/status", verb) for verb in ("get", "patch", "update")),
+    (DEPLOYMENT.group, DEPLOYMENT.plural, "get"),
+    *((DEPLOYMENT.group, "deployments/scale", verb) for verb in ("get", "patch", "update")),
+    *((POD.group, POD.plural, verb) for verb in ("get", "list")),
+    *((group, "events", verb) for group in ("", "events.k8s.io") for verb in ("create", "patch")),
+}
 
 
 def child_kind(obj: dict) -> Kind:
@@ -87,4 +96,4 @@ def permissions() -> set[tuple[str, str, str]]:
     needed |= {(kind.group, kind.plural, "get") for kind in (DEPLOYMENT, JOB)}
     needed.add((POD.group, POD.plural, "list"))
     needed.add((SECRET.group, SECRET.plural, "create"))
-    return needed | ROUTER_PERMISSIONS
+    return needed | ROUTER_PERMISSIONS | PLANNER_PERMISSIONS

@@ -43,12 +43,15 @@ class KubeApi:
 
         return cls(client.ApiClient(load_configuration()))
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """Server-side apply under the field manager `tandem-operator`, taking over fields
-        another manager set (the operator owns its children)."""
+    def apply(
+        self, obj: dict[str, Any], manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
+        """Server-side apply, by default under the field manager `tandem-operator` and
+        taking over fields another manager set (the operator owns its children). Unforced,
+        a field another manager holds at another value is a conflict: ApiError 409."""
         meta = obj["metadata"]
         path = child_kind(obj).path(meta["namespace"], meta["name"])
-        query = [("fieldManager", FIELD_MANAGER), ("force", "true")]
+        query = [("fieldManager", manager)] + ([("force", "true")] if force else [])
         return self._call("PATCH", path, query, obj, APPLY)
 
     def apply_status(

@@ -21,11 +21,14 @@ ROLE_LABEL = "tandem.dev/role"
 REVISION_LABEL = "tandem.dev/revision"
 CONFIG_HASH_ANNOTATION = "tandem.dev/config-hash"
 RESERVED_PREFIX = f"{GROUP}/"  # labels and annotations under it are the operator's
+# Components with pods of their own, named by ROLE_LABEL: the three roles and the SLO planner.
+LABELLED_ROLES = ("router", "prefill", "decode", "planner")
 
 HTTP_PORT = 8000  # the router's public API; a node's control API (the router's only)
 METRICS_PORT = 8001  # prefill and decode: /metrics and the probes' /health, /health/live
 ZMQ_PORT = 5557  # prefill: ROUTER socket taking prefill requests from decode pods
 EVENTS_PORT = 5558  # prefill and decode: PUB socket of KV events and load
+PLANNER_METRICS_PORT = 9090  # the SLO planner: /metrics and its probes' /health
 # UCX picks its TCP listening ports from this range (UCX_TCP_PORT_RANGE), so that the
 # NetworkPolicy can open NIXL's data path between nodes and nothing else.
 NIXL_PORT_RANGE = (20000, 20999)
@@ -66,7 +69,7 @@ def labels(deployment: str, component: str) -> dict[str, str]:
         "app.kubernetes.io/component": component,
         "app.kubernetes.io/managed-by": FIELD_MANAGER,
         DEPLOYMENT_LABEL: deployment,
-        **({ROLE_LABEL: component} if component in ("router", "prefill", "decode") else {}),
+        **({ROLE_LABEL: component} if component in LABELLED_ROLES else {}),
     }
 
 

@@ -198,7 +198,7 @@ def _container_security(extra: PodOverrides) -> dict[str, Any]:
 
 
 def _mounts(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
-    read_only = {"model": not _downloads(spec), "config": True}  # the init container writes
+    read_only = {"model": not downloads(spec), "config": True}  # the init container writes
     mounts = []
     for name, path in POD_VOLUMES.items():
         mount = {"name": name, "mountPath": path}
@@ -211,7 +211,7 @@ def _mounts(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
 
 def _volumes(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
     return [
-        {"name": "model", **_model_volume(spec)},
+        {"name": "model", **model_volume(spec)},
         {"name": "config", "configMap": {"name": child_name(spec.name, "config")}},
         {"name": "tmp", "emptyDir": {}},
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE[role]}},
@@ -219,7 +219,9 @@ def _volumes(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
     ]
 
 
-def _model_volume(spec: LLMDeploymentSpec) -> dict[str, Any]:
+def model_volume(spec: LLMDeploymentSpec) -> dict[str, Any]:
+    """The model's volume source in every pod that reads it (an emptyDir each pod downloads
+    into, where `downloads(spec)`)."""
     source = spec.model.source
     if source.kind == "pvc":
         return {"persistentVolumeClaim": {"claimName": source.claim_name, "readOnly": True}}
@@ -230,13 +232,13 @@ def _model_volume(spec: LLMDeploymentSpec) -> dict[str, Any]:
     return {"emptyDir": {}}
 
 
-def _downloads(spec: LLMDeploymentSpec) -> bool:
+def downloads(spec: LLMDeploymentSpec) -> bool:
     """Each pod downloads its own copy: a Hugging Face model without a cache."""
     return spec.model.source.kind == "huggingFace" and spec.model.cache is None
 
 
 def _download_containers(spec: LLMDeploymentSpec, role: str) -> list[dict[str, Any]]:
-    if not _downloads(spec):
+    if not downloads(spec):
         return []
     patterns = TOKENIZER_PATTERNS if role == "router" else ()
     return [download_container(spec.model.source, spec.image, model_dir(spec), patterns)]

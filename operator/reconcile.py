@@ -4,7 +4,9 @@ It is level-based: it never asks what changed, only what should exist, so runnin
 twice, or after a missed event, or on a timer, converges to the same state. With a model
 cache, the serving workloads (Deployments and their HPAs) are held back until the cache's
 download Job has completed: no GPU pod waits on a download, and the pods already running
-keep serving the previous revision from its own folder of the claim until then.
+keep serving the previous revision from its own folder of the claim until then. A pool the
+SLO planner sizes has its replica count handed over before its Deployment is applied
+(replica_handover.py).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import Any
 from tandem.operator.kinds import CHILD_KINDS, DEPLOYMENT, HPA, JOB, POD, child_kind
 from tandem.operator.kube import ApiError, KubeApi, utc_now
 from tandem.operator.model_cache import JOB_NAME_LABEL, CacheProgress, claim_name, job_name
-from tandem.operator.names import DEPLOYMENT_LABEL, FIELD_MANAGER, child_name
+from tandem.operator.names import DEPLOYMENT_LABEL, FIELD_MANAGER, ROLE_LABEL, child_name
 from tandem.operator.render import active_roles, render_spec
+from tandem.operator.replica_handover import hand_over_replicas
 from tandem.operator.spec import LLMDeploymentSpec, parse
 from tandem.operator.status import (
     ROLE_ORDER,
@@ -87,6 +90,7 @@ class Reconciler:
         self._apply(llmd, [obj for obj in objects if obj["kind"] not in SERVING_KINDS], outcome)
         cache = self._read_cache(spec)
         if cache is None or cache.complete:
+            self._hand_over(spec, serving)
             self._apply(llmd, serving, outcome)
         else:
             outcome.held = [_key(obj) for obj in serving]
@@ -96,6 +100,14 @@ class Reconciler:
         if cache is not None and cache.failure is not None:
             self._warn_once(llmd, "ModelDownloadFailed", cache.describe())
         return cache
+
+    def _hand_over(self, spec: LLMDeploymentSpec, objects: list[dict]) -> None:
+        """The replica counts of the pools the SLO planner sizes, before their Deployments
+        are applied without one."""
+        for obj in objects:
+            role = obj["metadata"]["labels"].get(ROLE_LABEL, "")
+            if obj["kind"] == DEPLOYMENT.kind and (bounds := spec.planned(role)) is not None:
+                hand_over_replicas(self.api, obj, bounds.min_replicas)
 
     def _read_cache(self, spec: LLMDeploymentSpec) -> CacheProgress | None:
         """The download Job as read, with its pods once an attempt failed."""

@@ -20,6 +20,7 @@ from tandem.operator.names import (
     labels,
     short_hash,
 )
+from tandem.operator.planner_objects import planner_objects
 from tandem.operator.spec import LLMDeploymentSpec, parse
 from tandem.operator.workloads import autoscaler, deployment, disruption_budget, service
 
@@ -46,14 +47,17 @@ def render_spec(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
     ]
     for role in roles:
         objects += _role_objects(spec, role, rev, config_hash)
+    objects += planner_objects(spec)
     if spec.pod_monitor is not None:
         objects.append(_pod_monitor(spec))
     return [owned(obj, spec) for obj in objects]
 
 
 def active_roles(spec: LLMDeploymentSpec) -> list[str]:
-    """Roles with pods: prefill is left out at 0 replicas (decode then prefills locally)."""
-    prefill = spec.prefill.replicas > 0 or spec.prefill.scaling is not None
+    """Roles with pods: prefill is left out at 0 replicas (decode then prefills locally),
+    unless an HPA or the SLO planner sizes it."""
+    scaled = spec.prefill.scaling is not None or spec.planned("prefill") is not None
+    prefill = spec.prefill.replicas > 0 or scaled
     return ["router", *(["prefill"] if prefill else []), "decode"]
 
 

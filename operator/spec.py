@@ -15,6 +15,7 @@ from tandem.operator.pod_overrides import PodOverrides, read_pod_overrides
 from tandem.operator.quantity import QUANTITY
 from tandem.operator.reader import Reader
 from tandem.operator.scaling import Scaling, read_scaling
+from tandem.operator.slo import PoolBounds, SLOSpec, read_slo
 
 DEFAULT_IMAGE = "ghcr.io/tandem-serving/tandem:0.1.0"
 ROLES = ("router", "prefill", "decode")
@@ -124,9 +125,15 @@ class LLMDeploymentSpec:
     remote_prefill_threshold: int
     on_prefill_failure: str
     pod_monitor: PodMonitorSpec | None
+    slo: SLOSpec | None = None
 
     def pool(self, role: str) -> RoleSpec:
         return {"router": self.router.pool, "prefill": self.prefill, "decode": self.decode}[role]
+
+    def planned(self, role: str) -> PoolBounds | None:
+        """The SLO planner's bounds of `role`'s pool; None where the planner does not size
+        it (no `spec.slo`, the router, or a pool `spec.slo` leaves out)."""
+        return self.slo.bounds(role) if self.slo is not None else None
 
     def relaxed(self) -> tuple[str, ...]:
         """What each role's securityOverrides relax ("decode: privileged, runAsRoot")."""
@@ -160,6 +167,7 @@ def parse(llmd: dict[str, Any]) -> LLMDeploymentSpec:
             "onPrefillFailure", default="recompute", choices=("recompute", "fail")
         ),
         pod_monitor=_pod_monitor(spec.child("monitoring").child("podMonitor")),
+        slo=read_slo(spec),
     )
     return parsed
 

@@ -1,5 +1,6 @@
 """Per-role children: the Deployment, its Service, PodDisruptionBudget and, when the role
-autoscales, its HorizontalPodAutoscaler (which then owns the Deployment's replica count)."""
+autoscales, its HorizontalPodAutoscaler (which then owns the Deployment's replica count, as
+the SLO planner owns a planned pool's)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def deployment(
         "revisionHistoryLimit": 3,
         "template": pod_template(spec, role, revision, config_hash),
     }
-    if pool.scaling is None:  # with an HPA the count is the HPA's field, not ours
+    # with an HPA or the SLO planner the count is theirs, not ours (replica_handover.py)
+    if pool.scaling is None and spec.planned(role) is None:
         body = {"replicas": pool.replicas, **body}
     return _object("apps/v1", "Deployment", spec, role, body)
 

@@ -1,6 +1,10 @@
 """An in-memory stand-in for `KubeApi`, to test the reconcile alone (the real KubeApi is
 tested against a real HTTP server in test_kube_api.py). Server-side apply is modelled as
-one manager's apply: the applied fields replace the stored ones, metadata.uid stays."""
+one manager's apply: the applied fields replace the stored ones, metadata.uid stays. Two
+fields have managers of their own, as on a real API server: a Deployment's `spec.replicas`
+(an apply of the count alone, an update of the scale subresource; Kubernetes' default of 1
+once no manager holds it) and the LLMDeployment status's top-level keys (each manager's
+status apply: the operator's, the SLO planner's)."""
 
 from __future__ import annotations
 
@@ -11,33 +15,71 @@ from typing import Any
 
 from tandem.operator.kinds import Kind, child_kind
 from tandem.operator.kube import ApiError
+from tandem.operator.names import FIELD_MANAGER
+
+Key = tuple[str, str, str]  # (kind, namespace, name)
+SCALER = "tandem-planner"  # who updates a scale subresource here
 
 
 class FakeApi:
     def __init__(self, missing_groups: frozenset[str] = frozenset()) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}  # (kind, ns, name)
-        self.statuses: list[dict[str, Any]] = []
+        self.statuses: list[dict[str, Any]] = []  # the operator's status applies
         self.events: list[tuple[str, str, str]] = []
         self.deleted: list[str] = []
         self.listed: list[str] = []  # "<kind> <selector>" of every list call
         self.missing_groups = missing_groups
+        self.replica_managers: dict[Key, dict[str, str]] = {}  # manager -> operation
+        self.status: dict[str, Any] = {}  # the LLMDeployment's, as stored
+        self._status_keys: dict[str, set[str]] = {}  # manager -> keys of its last apply
         self._versions = itertools.count(1)
 
-    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def apply(
+        self, obj: dict[str, Any], manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
         kind = child_kind(obj)
         self._served(kind)
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
-        stored = copy.deepcopy(obj)
         old = self.objects.get(key)
-        stored["metadata"]["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
-        if old is not None and "status" in old:
-            stored["status"] = old["status"]
+        if old is not None and set(obj.get("spec", {})) == {"replicas"}:  # the count alone
+            stored = copy.deepcopy(old)
+        else:
+            stored = copy.deepcopy(obj)
+            stored["metadata"]["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
+            if old is not None and "status" in old:
+                stored["status"] = old["status"]
+        if obj["kind"] == "Deployment":
+            self._apply_replicas(key, stored, old, obj["spec"].get("replicas"),
+                                 manager, force)  # fmt: skip
         self.objects[key] = stored
-        return stored
+        return copy.deepcopy(stored)
 
-    def apply_status(self, llmd: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
-        self.statuses.append(copy.deepcopy(status))
-        llmd["status"] = copy.deepcopy(status)  # what the next watch event would carry
+    def scale(
+        self, kind: Kind, namespace: str, name: str, replicas: int | None = None
+    ) -> int | None:
+        """KubeApi.scale by SCALER: an update of the count takes it from every other
+        manager."""
+        obj = self.objects.get((kind.kind, namespace, name))
+        if obj is None:
+            return None
+        if replicas is not None:
+            obj["spec"]["replicas"] = replicas
+            self.replica_managers[(kind.kind, namespace, name)] = {SCALER: "Update"}
+            self._write_managers((kind.kind, namespace, name))
+        return obj["spec"]["replicas"]
+
+    def apply_status(
+        self, llmd: dict[str, Any], status: dict[str, Any], manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
+        """Keys other managers hold stay; those `manager` applied before and no longer does
+        go (unless another manager holds them too)."""
+        if manager == FIELD_MANAGER:
+            self.statuses.append(copy.deepcopy(status))
+        others = set().union(*(k for m, k in self._status_keys.items() if m != manager))
+        dropped = self._status_keys.get(manager, set()) - set(status) - others
+        kept = {k: v for k, v in self.status.items() if k not in dropped}
+        self.status, self._status_keys[manager] = copy.deepcopy(kept | status), set(status)
+        llmd["status"] = copy.deepcopy(self.status)  # what the next watch event would carry
         return llmd
 
     def get(
@@ -96,6 +138,39 @@ class FakeApi:
         stored["metadata"]["resourceVersion"] = str(next(self._versions))
         self.objects[key] = stored
         return copy.deepcopy(stored)
+
+    def _apply_replicas(
+        self,
+        key: Key,
+        stored: dict[str, Any],
+        old: dict[str, Any] | None,
+        wanted: int | None,
+        manager: str,
+        force: bool,
+    ) -> None:
+        managers = self.replica_managers.setdefault(key, {})
+        current = old["spec"].get("replicas") if old is not None else None
+        if wanted is None:
+            managers.pop(manager, None)
+            stored["spec"]["replicas"] = current if managers and current is not None else 1
+        else:
+            others = set(managers) - {manager}
+            if others and wanted != current:
+                if not force:
+                    raise ApiError(409, f"Apply failed with 1 conflict: conflict with {others}")
+                managers.clear()
+            managers[manager] = "Apply"
+            stored["spec"]["replicas"] = wanted
+        self._write_managers(key, stored)
+
+    def _write_managers(self, key: Key, stored: dict[str, Any] | None = None) -> None:
+        """metadata.managedFields, for `spec.replicas` alone."""
+        obj = stored if stored is not None else self.objects[key]
+        obj["metadata"]["managedFields"] = [
+            {"manager": manager, "operation": operation, "fieldsType": "FieldsV1",
+             "fieldsV1": {"f:spec": {"f:replicas": {}}}}
+            for manager, operation in sorted(self.replica_managers[key].items())
+        ]  # fmt: skip
 
     def _served(self, kind: Kind) -> None:
         if kind.group in self.missing_groups:

@@ -36,7 +36,7 @@ def test_crd_names_and_subresources():
             assert path.split(".")[2].split("[")[0] in status, path
 
 
-@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel", "kv-tiers"])
+@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel", "kv-tiers", "slo"])
 def test_examples_pass_the_schema(name):
     assert validate(example(name)) == []
 
@@ -92,7 +92,7 @@ def test_an_empty_source_is_refused():
     ]
 
 
-@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel", "kv-tiers"])
+@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel", "kv-tiers", "slo"])
 def test_crd_defaults_are_the_operators_defaults(name):
     """The API server fills defaults before the operator reads a resource; a resource the
     server never saw must render the same."""

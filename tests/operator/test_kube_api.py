@@ -115,6 +115,27 @@ def test_scale_reads_and_merge_patches_the_scale_subresource(api, server):
     assert api.scale(DEPLOYMENT, "ns", "gone") is None
 
 
+def test_the_status_apply_holds_the_operators_keys_alone(api, server):
+    """Server-side apply keeps what another manager wrote (the planner's `planner`) as long
+    as the operator's apply never names it."""
+    _, requests, _ = server
+    llmd = example("minimal") | {"status": {"phase": "Ready", "planner": {"reason": "ok"}}}
+    api.apply_status(llmd, {"phase": "Progressing"})
+    assert requests[0]["body"]["status"] == {"phase": "Progressing"}
+
+
+def test_an_unforced_apply_under_another_manager_may_conflict(api, server):
+    _, requests, answers = server
+    (decode,) = [o for o in render(example("minimal")) if o["kind"] == "Deployment"
+                 and o["metadata"]["name"] == "llama-decode"]  # fmt: skip
+    path = "/apis/apps/v1/namespaces/default/deployments/llama-decode"
+    answers[("PATCH", path)] = (409, {"message": "Apply failed with 1 conflict"})
+    with pytest.raises(ApiError) as refused:
+        api.apply(decode, "tandem-operator-handover", force=False)
+    assert refused.value.status == 409
+    assert requests[0]["query"] == {"fieldManager": ["tandem-operator-handover"]}
+
+
 def test_list_get_and_delete(api, server):
     _, requests, answers = server
     path = "/apis/apps/v1/namespaces/ns/deployments"

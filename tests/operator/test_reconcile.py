@@ -236,3 +236,21 @@ def test_status_follows_the_deployments():
     assert status["phase"] == "Ready"
     assert status["revision"] == api.objects[("Deployment", "default", "llama-decode")]["spec"][
         "template"]["metadata"]["labels"]["tandem.dev/revision"]  # fmt: skip
+
+
+def test_the_planners_status_survives_every_reconcile():
+    """The SLO planner applies `status.planner` as a manager of its own; the operator's
+    status apply never names it, so server-side apply keeps it, through a valid spec and an
+    invalid one."""
+    api, llmd = FakeApi(), example("minimal")
+    llmd["spec"]["slo"] = {"ttftMs": 800, "tpotMs": 60, "decode": {"maxReplicas": 8}}
+    run = reconciler(api)
+    run.reconcile(llmd)
+    planner = {"decode": {"current": 1, "desired": 3}, "predictedAttainment": 0.93,
+               "reason": "ttft p90 over target at 1 decode pod"}  # fmt: skip
+    api.apply_status(llmd, {"planner": planner}, manager="tandem-planner")
+    run.reconcile(llmd)
+    llmd["spec"]["slo"]["tpotMs"] = 0
+    assert run.reconcile(llmd).spec_error is not None
+    assert api.status["planner"] == planner and api.status["phase"] == "Invalid"
+    assert all("planner" not in applied for applied in api.statuses)

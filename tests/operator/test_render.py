@@ -32,7 +32,7 @@ def by_key(objects):
     return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 
 
-@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel", "kv-tiers"])
+@pytest.mark.parametrize("name", ["minimal", "full", "tensor-parallel", "kv-tiers", "slo"])
 def test_golden(name):
     """Set TANDEM_UPDATE_GOLDEN=1 to rewrite the files after an intended change."""
     text = dump(render(example(name)))

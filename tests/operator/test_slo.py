@@ -1,0 +1,174 @@
+"""`spec.slo`: read with its defaults, each refusal naming its field (by the operator and by
+the CRD), one owner per pool's count (the planner or an HPA), and an SLO refused through the
+reconcile the way every invalid spec is (SpecValid False, one Warning Event)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tandem.operator.reconcile import Reconciler
+from tandem.operator.render import render
+from tandem.operator.slo import PoolBounds, SLOSpec
+from tandem.operator.spec import parse
+from tests.operator.crd_schema import example, validate, with_defaults
+from tests.operator.fake_api import FakeApi
+
+SLO = {"ttftMs": 500, "tpotMs": 50, "decode": {"maxReplicas": 8}}
+
+
+def with_slo(slo: dict, name: str = "minimal") -> dict:
+    llmd = example(name)
+    llmd["spec"]["slo"] = copy.deepcopy(slo)
+    return llmd
+
+
+def test_no_slo_is_none():
+    assert parse(example("minimal")).slo is None
+
+
+def test_defaults():
+    assert parse(with_slo(SLO)).slo == SLOSpec(
+        ttft_s=0.5, tpot_s=0.05, attainment=0.9, interval_s=30.0, scale_down_window_s=300.0,
+        cooldown_s=60.0, prefill=None, decode=PoolBounds(1, 8), profile=None, model=None,
+    )  # fmt: skip
+
+
+def test_every_field():
+    slo = {
+        "ttftMs": 250.5, "tpotMs": 20, "attainment": 1, "interval": "2m",
+        "scaleDownWindow": "0s", "cooldown": "1500ms",
+        "prefill": {"maxReplicas": 4}, "decode": {"minReplicas": 2, "maxReplicas": 16},
+        "simulator": {"profile": "h100", "model": "/models/llama-3.1-8b-instruct"},
+    }  # fmt: skip
+    parsed = parse(with_slo(slo)).slo
+    assert parsed == SLOSpec(
+        ttft_s=0.2505, tpot_s=0.02, attainment=1.0, interval_s=120.0, scale_down_window_s=0.0,
+        cooldown_s=1.5, prefill=PoolBounds(0, 4), decode=PoolBounds(2, 16), profile="h100",
+        model="/models/llama-3.1-8b-instruct",
+    )  # fmt: skip
+    spec = parse(with_slo(slo))
+    assert spec.planned("prefill") == PoolBounds(0, 4) == parsed.prefill
+    assert spec.planned("router") is None
+    assert validate(with_slo(slo)) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        ({"ttftMs": None}, "spec.slo.ttftMs: is required"),
+        ({"ttftMs": 0}, "spec.slo.ttftMs: must be greater than 0.0"),
+        ({"tpotMs": -5}, "spec.slo.tpotMs: must be greater than 0.0"),
+        ({"tpotMs": "50ms"}, "spec.slo.tpotMs: must be a number"),
+        ({"attainment": 0}, "spec.slo.attainment: must be greater than 0.0"),
+        ({"attainment": 1.5}, "spec.slo.attainment: must be at most 1.0"),
+        ({"interval": "4s"}, "spec.slo.interval: must be at least 5s, got '4s'"),
+        ({"interval": "30"}, "spec.slo.interval: must match"),
+        ({"interval": "1m30s"}, "spec.slo.interval: must match"),
+        ({"scaleDownWindow": "-1s"}, "spec.slo.scaleDownWindow: must match"),
+        ({"cooldown": 60}, "spec.slo.cooldown: must be a string"),
+        ({"decode": None}, "spec.slo: give the bounds of the pools to plan"),
+        ({"decode": {}}, "spec.slo.decode.maxReplicas: is required"),
+        ({"decode": {"maxReplicas": 1001}}, "spec.slo.decode.maxReplicas: must be at most 1000"),
+        ({"decode": {"maxReplicas": 2, "minReplicas": 0}},
+         "spec.slo.decode.minReplicas: must be at least 1"),
+        ({"decode": {"maxReplicas": 2, "minReplicas": 3}},
+         "spec.slo.decode: minReplicas must not exceed maxReplicas"),
+        ({"prefill": {"maxReplicas": 0}}, "spec.slo.prefill.maxReplicas: must be at least 1"),
+        ({"prefill": {"maxReplicas": 2, "minReplicas": -1}},
+         "spec.slo.prefill.minReplicas: must be at least 0"),
+        ({"simulator": {"profile": "a100"}}, "spec.slo.simulator.profile: must be one of"),
+        ({"simulator": {"model": ""}}, "spec.slo.simulator.model: must not be empty"),
+    ],
+)  # fmt: skip
+def test_a_refusal_names_its_field(edit, error):
+    slo = {key: value for key, value in (SLO | edit).items() if value is not None}
+    with pytest.raises(ValueError, match="^" + error.replace(".", r"\.").replace("(", r"\(")):
+        parse(with_slo(slo))
+
+
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        ({"ttftMs": 0}, "spec.slo.ttftMs"),
+        ({"attainment": 1.5}, "spec.slo.attainment"),
+        ({"interval": "30"}, "spec.slo.interval"),
+        ({"interval": "4s"}, "spec.slo.interval: must be at least 5s"),
+        ({"decode": {}}, "'maxReplicas' is a required"),
+        ({"decode": {"maxReplicas": 2, "minReplicas": 0}}, "spec.slo.decode.minReplicas"),
+        ({"decode": {"maxReplicas": 2, "minReplicas": 3}}, "minReplicas must not exceed"),
+        ({"prefill": {"maxReplicas": 0}}, "spec.slo.prefill.maxReplicas"),
+        ({"simulator": {"profile": "a100"}}, "spec.slo.simulator.profile"),
+        ({"simulator": {"gpu": "h100"}}, "'gpu' was unexpected"),
+    ],
+)  # fmt: skip
+def test_the_crd_refuses_the_same(edit, error):
+    errors = validate(with_slo(SLO | edit))
+    assert any(error in e for e in errors), errors
+
+
+def test_the_crd_asks_for_a_pool():
+    errors = validate(with_slo({"ttftMs": 500, "tpotMs": 50}))
+    assert errors == ["spec.slo: give the bounds of the pools to plan: prefill, decode or both"]
+
+
+def test_the_crd_defaults_are_the_operators():
+    llmd = with_slo({**SLO, "prefill": {"maxReplicas": 2}})
+    filled = with_defaults(llmd)["spec"]["slo"]
+    assert (filled["interval"], filled["prefill"]["minReplicas"]) == ("30s", 0)
+    assert filled["decode"]["minReplicas"] == 1
+    assert render(with_defaults(llmd)) == render(llmd)
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_pool_is_planned_or_autoscaled_not_both(role):
+    llmd = with_slo({**SLO, role: {"maxReplicas": 4}})
+    llmd["spec"]["autoscaling"] = {role: {"maxReplicas": 4}}
+    error = (
+        f"spec.slo.{role}: the {role} pool is scaled by spec.autoscaling.{role} already: choose one"
+    )
+    with pytest.raises(ValueError) as refused:
+        parse(llmd)
+    assert str(refused.value) == error
+    (crd_error,) = validate(llmd)
+    assert crd_error.startswith(f"spec.slo.{role}: the {role} pool is scaled by")
+
+
+def test_the_other_pool_and_the_router_may_autoscale():
+    llmd = with_slo({**SLO, "decode": {"maxReplicas": 4}})
+    llmd["spec"]["autoscaling"] = {"prefill": {"maxReplicas": 4}}
+    spec = parse(llmd)
+    assert spec.planned("decode") is not None and spec.prefill.scaling is not None
+    assert validate(llmd) == []
+
+
+def test_a_refused_slo_is_reported_and_changes_nothing():
+    api, llmd = FakeApi(), with_slo(SLO)
+    run = Reconciler(api, now=lambda: "2026-11-21T10:00:00Z")
+    run.reconcile(llmd)
+    stored = copy.deepcopy(api.objects)
+    llmd["spec"]["autoscaling"] = {"decode": {"maxReplicas": 4}}
+    outcome = run.reconcile(llmd)
+    assert outcome.spec_error == (
+        "spec.slo.decode: the decode pool is scaled by spec.autoscaling.decode already: choose one"
+    )
+    assert outcome.applied == [] and api.objects == stored
+    assert api.warnings == [("Warning", "InvalidSpec", outcome.spec_error)]
+    spec_valid = next(c for c in api.statuses[-1]["conditions"] if c["type"] == "SpecValid")
+    assert (spec_valid["status"], spec_valid["message"]) == ("False", outcome.spec_error)
+    assert api.statuses[-1]["phase"] == "Invalid"
+
+
+def test_the_crd_keeps_the_planners_status():
+    """`status.planner` is in the schema (the API server would prune an unknown key), and
+    keys the planner adds inside it are kept."""
+    llmd = with_slo(SLO)
+    llmd["status"] = {"phase": "Ready", "planner": {
+        "prefill": {"current": 0, "desired": 1}, "decode": {"current": 2, "desired": 3},
+        "predictedAttainment": 0.94, "measuredAttainment": 0.88, "requestRate": 12.5,
+        "reason": "tpot over target", "searchSeconds": 1.2,
+        "lastChange": "2026-11-21T10:00:00Z", "window": "5m"}}  # fmt: skip
+    assert validate(llmd) == []
+    llmd["status"]["plan"] = {}
+    assert any("'plan' was unexpected" in e for e in validate(llmd))
