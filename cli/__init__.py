@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "operator": ("tandem.operator.cli", "run the Kubernetes operator for LLMDeployments"),
     "simulate": ("tandem.sim.cli", "simulate a deployment on a workload in simulated time"),
     "plan": ("tandem.sim.plan_cli", "find the cheapest deployment that meets SLOs, by simulation"),
+    "planner": (
+        "tandem.planner.cli",
+        "run the SLO planner of one LLMDeployment (the operator's child)",
+    ),
 }
 
 

@@ -2,7 +2,8 @@
 does it: a pool scales up at once; it scales down only to the highest count planned over
 the last `down_window_s` (the HPA's scale-down stabilization window, 300 s by default),
 and not within `cooldown_s` of its last change. So a dip in traffic shorter than the
-window removes nothing, and a pod just added has time to start before it is judged."""
+window removes nothing, a pod just added has time to start before it is judged, and a
+planner that restarts keeps the pools as they are for a window."""
 
 from __future__ import annotations
 
@@ -22,7 +23,11 @@ class Stabilizer:
     _changed_at: dict[str, float] = field(default_factory=dict)
 
     def settle(self, now_s: float, current: Layout, planned: Layout) -> Layout:
-        """The layout to set now, given the current one and this interval's plan."""
+        """The layout to set now, given the current one and this interval's plan. The first
+        call counts the current layout as planned now: a planner that (re)starts scales
+        nothing down before a whole window has passed."""
+        if not self._planned and self.down_window_s > 0:
+            self._planned.append((now_s, current))
         self._planned.append((now_s, planned))
         while self._planned[0][0] < now_s - self.down_window_s:
             self._planned.popleft()

@@ -23,6 +23,13 @@ def test_up_at_once_down_after_the_window_to_its_highest_plan():
     assert now == Layout(1, 1)
 
 
+def test_a_fresh_stabilizer_keeps_the_current_layout_for_a_window():
+    s = Stabilizer(down_window_s=300.0, cooldown_s=0.0)
+    assert s.settle(0.0, Layout(2, 3), Layout(1, 1)) == Layout(2, 3)
+    assert s.settle(299.0, Layout(2, 3), Layout(1, 1)) == Layout(2, 3)
+    assert s.settle(301.0, Layout(2, 3), Layout(1, 1)) == Layout(1, 1)
+
+
 def test_a_pool_scales_up_within_the_other_pools_cooldown():
     s = Stabilizer(down_window_s=0.0, cooldown_s=60.0)
     now = s.settle(0.0, Layout(2, 2), Layout(1, 2))
