@@ -67,10 +67,14 @@ def device_profile(spec: LLMDeploymentSpec) -> DeviceProfile:
     named = spec.slo.profile if spec.slo is not None else None
     if named:
         return load_profile(named)
-    gpus = any(
-        GPU in (spec.pool(role).resources.get("limits") or {}) for role in ("prefill", "decode")
-    )
+    gpus = any(_gpus(spec, role) for role in ("prefill", "decode"))
     return load_profile("h100" if gpus else "cpu")
+
+
+def _gpus(spec: LLMDeploymentSpec, role: str) -> bool:
+    """The role's pods ask for GPUs (a limit of 0: pods for a node without them)."""
+    limits = spec.pool(role).resources.get("limits") or {}
+    return float(str(limits.get(GPU, 0))) > 0
 
 
 def _bounds(bounds, replicas: int) -> Bounds:

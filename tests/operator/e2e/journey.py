@@ -213,12 +213,15 @@ def _error(exc: openai.OpenAIError) -> str:
 
 
 class StreamLoad:
-    """`concurrency` openai clients, each streaming chat completions back to back until
-    stopped (or `limit` requests in all): a steady load whose every request is accounted
-    for."""
+    """`concurrency` openai clients, each streaming chat completions back to back (or
+    `pause_s` apart) until stopped (or `limit` requests in all): a steady load whose every
+    request is accounted for."""
 
-    def __init__(self, base_url: str, concurrency: int = 8, limit: int = 5000) -> None:
+    def __init__(
+        self, base_url: str, concurrency: int = 8, limit: int = 5000, pause_s: float = 0.0
+    ) -> None:
         self.base_url, self.concurrency, self.limit = base_url, concurrency, limit
+        self.pause_s = pause_s
         self.outcomes: list[Outcome] = []
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -247,7 +250,7 @@ class StreamLoad:
         while not self._stop.is_set() and len(self.outcomes) < self.limit:
             outcome = self._one(client, index)
             self.outcomes.append(outcome)
-            self._stop.wait(outcome.retry_after)  # as a client told to come back later
+            self._stop.wait(max(outcome.retry_after, self.pause_s))  # as told to come back later
 
     def _one(self, client: openai.OpenAI, index: int) -> Outcome:
         started, tokens, finish = time.monotonic(), 0, None

@@ -30,6 +30,7 @@ from tests.disagg.nodes import free_port, metric_value, wait_until
 from tests.operator.e2e.cluster import chart_objects, delete_namespace
 from tests.operator.e2e.helpers import (
     create,
+    events,
     expected_children,
     get_child,
     patch_spec,
@@ -434,6 +435,52 @@ def test_the_operator_pod_deleted_serving_goes_on_and_nothing_is_rewritten(ready
         assert wait_until(lambda: load.count() >= served + 4, timeout=HANG_S)
     assert load.failures() == []
     assert child_contents(ready.api, ready.resource()) == before
+
+
+# Targets this CPU never meets: under load every layout misses them and the planner plans the
+# maximum; with fewer than 10 requests an interval it plans the minimum.
+UNMET_SLO = {
+    "ttftMs": 1, "tpotMs": 1, "interval": "5s", "scaleDownWindow": "20s", "cooldown": "5s",
+    "decode": {"minReplicas": 1, "maxReplicas": 2},
+}  # fmt: skip
+
+
+def test_the_slo_planner_follows_the_load_and_its_scale_down_fails_nothing(ready):
+    """`spec.slo` planning the decode pool (1..2): the planner's pod scales it up under 8
+    streams within an interval or two, and down once the load fell to a trickle for a
+    whole window, while the trickle goes on: no request fails. Its decisions are in
+    `status.planner`, in `Scaled` Events and in its metrics."""
+    patch_spec(ready.api, ready.ref(), {"decode": {"replicas": 1}})
+    assert wait_until(lambda: ready.routers_follow("decode", 1), timeout=START_S)
+    patch_spec(ready.api, ready.ref(), {"slo": UNMET_SLO})
+    assert wait_until(lambda: any(is_ready(p) for p in ready.current("planner")), timeout=START_S)
+    with StreamLoad(ready.router_url()) as load:
+        started = time.monotonic()
+        assert wait_until(lambda: ready.routers_follow("decode", 2), timeout=START_S)
+        up_s = time.monotonic() - started
+    assert load.failures() == [], load.failures()[:3]
+    planner = ready.resource()["status"]["planner"]
+    assert planner["decode"]["desired"] == 2 and "no layout within the bounds" in planner["reason"]
+    with StreamLoad(ready.router_url(), concurrency=2, pause_s=2.0) as trickle:
+        started = time.monotonic()
+        assert wait_until(lambda: ready.routers_follow("decode", 1), timeout=START_S)
+        down_s = time.monotonic() - started
+        served = trickle.count()
+        assert wait_until(lambda: trickle.count() >= served + 4, timeout=HANG_S)
+    assert trickle.failures() == [], trickle.failures()[:3]
+    scaled = [e for e in events(ready.api, ready.resource()) if e["reason"] == "Scaled"]
+    assert len(scaled) >= 2 and all(e["source"]["component"] == "tandem-planner" for e in scaled)
+    (pod,) = [p for p in ready.current("planner") if is_ready(p)]
+    metrics = f"http://{pod['status']['podIP']}:9090/metrics"
+    for direction in ("up", "down"):
+        assert sum_metric(metrics, "tandem_planner_scalings_total", direction=direction) >= 1
+    decision_s = sum_metric(metrics, "tandem_planner_decision_seconds_sum") / max(
+        1.0, sum_metric(metrics, "tandem_planner_decision_seconds_count"))  # fmt: skip
+    report("slo_planner", {
+        "scaled_up_s": round(up_s, 1), "scaled_down_s": round(down_s, 1),
+        "requests": load.count() + trickle.count(), "failed": 0,
+        "mean_decision_s": round(decision_s, 2),
+    })  # fmt: skip
 
 
 def child_contents(api, live: dict) -> dict[str, dict]:
