@@ -400,6 +400,7 @@ def operator() -> dict:
                 ("pruned", total("tandem_operator_pruned_objects_total")),
             ], "ops"),
         ]),
+        planner_row(),
         Row("Process", "Is the operator process itself healthy, and which replica leads?", [
             panel("Leader", [("{{pod}}", "max by (pod) (tandem_operator_leader)")]),
             panel("CPU", [("{{pod}}", f"sum by (pod) (rate(process_cpu_seconds_total{RATE})"
@@ -408,6 +409,42 @@ def operator() -> dict:
                                                    f" and on (instance) {OPERATOR})")], "bytes"),
         ]),
     ], pod_variable=False)  # fmt: skip
+
+
+def planner_row() -> Row:
+    """The SLO planners (`spec.slo`, docs/autoscaling.md): one series set per deployment."""
+    ns = 'namespace=~"$namespace"'
+
+    def latest(metric: str, by: str) -> str:
+        return f"max by (deployment, {by}) ({metric}{{{ns}}})"
+
+    def changes(metric: str, by: str) -> str:
+        return f"sum by (deployment, {by}) (increase({metric}{{{ns}}}{RATE}))"
+
+    decision = f"sum by (le) (rate(tandem_planner_decision_seconds_bucket{{{ns}}}{RATE}))"
+    return Row("SLO planner", "Does each planned deployment get the replicas its SLOs need, "
+               "and does the simulator agree with what the routers measure?", [
+        panel("Replicas per pool (current, desired)", [
+            ("{{deployment}} {{pool}} {{state}}",
+             latest("tandem_planner_replicas", "pool, state"))]),
+        panel("SLO attainment (measured; simulated: desired, current layout)", [
+            ("{{deployment}} {{source}}", latest("tandem_planner_slo_attainment", "source"))],
+              "percentunit"),
+        panel("Simulator's error (measured / simulated - 1)", [
+            ("{{deployment}} {{metric}}",
+             latest("tandem_planner_prediction_error_ratio", "metric"))], "percentunit"),
+        panel("Request rate planned for", [
+            ("{{deployment}}", f"max by (deployment) (tandem_planner_request_rate{{{ns}}})")],
+              "reqps"),
+        panel("Decision time", [
+            (f"p{q}", f"histogram_quantile(0.{q}, {decision})") for q in ("50", "99")], "s"),
+        panel("Replica changes and intervals without a decision", [
+            ("{{deployment}} {{pool}} {{direction}}",
+             changes("tandem_planner_scalings_total", "pool, direction")),
+            ("{{deployment}} failed: {{reason}}",
+             changes("tandem_planner_failures_total", "reason")),
+        ]),
+    ])  # fmt: skip
 
 
 def markdown() -> str:

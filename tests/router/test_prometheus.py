@@ -1,5 +1,6 @@
 """The shipped dashboards and rules as users see them: a real Prometheus scrapes a running
-`tandem serve --prefill 2 --decode 2` (and the operator's metrics server) while a short
+`tandem serve --prefill 2 --decode 2` (and the operator's and a planner's metrics servers,
+the planner's after one decision) while a short
 mixed load runs (streamed, non-streamed, n=2, a cache hit, a bad request, an abort), then
 every dashboard panel's expression, every dashboard variable and every recording rule must
 parse and return at least one series, and every alert's signal too, unless listed below
@@ -16,8 +17,13 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tandem.node.metrics_server import MetricsServer
 from tandem.operator.liveness import Health
 from tandem.operator.metrics import OperatorMetrics, serve_probes
+from tandem.planner.cli import metrics_app
+from tandem.planner.layout_search import Layout
+from tandem.planner.metrics import PlannerMetrics
+from tandem.planner.planner import Decision
 from tests.bounds import HANG_S, PROCESS_S
 from tests.disagg.nodes import wait_until
 from tests.operator.crd_schema import ROOT
@@ -149,6 +155,7 @@ def test_every_dashboard_query_and_rule_returns_series(llama_dir, router_logs, t
     operator = serve_probes(
         OperatorMetrics(CollectorRegistry()).registry, "127.0.0.1", 0, lambda: Health(True, "")
     )
+    planner = planner_metrics_server()
     prometheus = None
     try:
         serve.start().wait_ready()
@@ -156,6 +163,11 @@ def test_every_dashboard_query_and_rule_returns_series(llama_dir, router_logs, t
         workers = serve.workers()  # healthy: each node's metrics port is known
         # the target labels a PodMonitor gives: namespace, and the pods' tandem.dev labels
         jobs = {"operator": ([f"127.0.0.1:{operator.server_address[1]}"], {"namespace": "ops"})}
+        planned = {"namespace": "ns", "tandem_dev_deployment": "llama"}
+        jobs["llama-planner"] = (
+            [f"127.0.0.1:{planner.port}"],
+            planned | {"tandem_dev_role": "planner"},
+        )
         urls = {"router": [serve.url]}
         for w in workers:  # a node's metrics port (its control port serves no /metrics)
             urls.setdefault(w["role"], []).append(w["metrics_url"].removesuffix("/metrics"))
@@ -170,7 +182,23 @@ def test_every_dashboard_query_and_rule_returns_series(llama_dir, router_logs, t
         if prometheus is not None:
             prometheus.stop()
         operator.shutdown()
+        planner.stop()
         serve.stop()
+
+
+def planner_metrics_server() -> MetricsServer:
+    """A planner's metrics server (`tandem planner`'s app) after one decision that scaled
+    decode up."""
+    registry = CollectorRegistry()
+    decision = Decision(
+        current=Layout(1, 1), planned=Layout(1, 2), target=Layout(1, 2), reason="test",
+        predicted_attainment=0.95, measured_attainment=0.5, current_attainment=0.6,
+        rate_rps=3.0, search_s=1.5, simulations=4, errors={"ttft": 0.2, "tpot": -0.1},
+    )  # fmt: skip
+    PlannerMetrics(registry, "llama").observe(decision, {"decode": 1.2, "prefill": 0.9})
+    server = MetricsServer(metrics_app(registry), "127.0.0.1", 0, log_level="warning")
+    server.start()
+    return server
 
 
 def check(prometheus: Prometheus) -> None:
