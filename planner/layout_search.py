@@ -122,15 +122,15 @@ class LayoutSearch:
         return layout.prefill * self.base.tp_prefill + layout.decode * self.base.tp_decode
 
     def _simulate(self, layout: Layout, whole: bool) -> tuple[Prediction, bool]:
-        config = replace(self.base, num_prefill=layout.prefill, num_decode=layout.decode)
         start = time.perf_counter()
         self.simulations += 1
         try:
+            config = replace(self.base, num_prefill=layout.prefill, num_decode=layout.decode)
             s = simulate(
                 config, self.shape, self.profile, self.requests, self.slo,
                 attainment=None if whole else self.attainment,
             )  # fmt: skip
-        except ValueError:  # the model does not fit the devices
+        except ValueError:  # no decode node, or the model does not fit the devices
             return Prediction(layout, self._devices(layout), False), True
         finally:
             self.seconds += time.perf_counter() - start

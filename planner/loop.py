@@ -61,7 +61,10 @@ class PlannerLoop:
         except ApiError as exc:
             logger.warning("planner: the API server failed a call: %s", exc)
             self.metrics.failed("kubernetes")
-            return None
+        except Exception:  # a fault of the planner's own must not end the process
+            logger.exception("planner: the interval failed")
+            self.metrics.failed("internal")
+        return None
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

@@ -11,7 +11,7 @@ from tandem.planner.planner import Decision
 
 POOLS = ("prefill", "decode")
 DECISION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-FAILURE_REASONS = ("spec", "model", "metrics", "kubernetes")
+FAILURE_REASONS = ("spec", "model", "kubernetes", "internal")
 
 
 class PlannerMetrics:

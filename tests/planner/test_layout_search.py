@@ -57,6 +57,12 @@ def test_a_whole_prediction_runs_to_the_end_and_is_kept():
     assert s.predict(Layout(0, 1)) == whole and s.simulations == runs
 
 
+def test_a_layout_without_decode_nodes_is_predicted_not_to_meet():
+    s = search(5.0)
+    nothing = s.predict(Layout(1, 0), whole=True)
+    assert not nothing.meets and nothing.attained is None
+
+
 def test_a_layout_whose_model_does_not_fit_does_not_meet():
     tiny = ClusterConfig(tp_decode=1, max_model_len=8192)
     s = LayoutSearch(tiny, SHAPES["llama-3-70b"], H100, search(5.0).requests, SLOS, 0.9)

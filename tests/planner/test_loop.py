@@ -139,10 +139,13 @@ def test_failures_are_counted_and_the_next_interval_goes_on():
     api.down = True
     clock.now = 30.0
     assert loop.tick() is None  # the API server away: counted, nothing raised
-    text = generate_latest(loop.metrics.registry).decode()
-    for reason in ("model", "spec", "kubernetes"):
-        assert metric_value(text, "tandem_planner_failures_total", reason=reason) == 1, reason
     api.down = False
+    loop.scraper = None  # a fault of the planner's own: counted, the process goes on
+    assert loop.tick() is None
+    text = generate_latest(loop.metrics.registry).decode()
+    for reason in ("model", "spec", "kubernetes", "internal"):
+        assert metric_value(text, "tandem_planner_failures_total", reason=reason) == 1, reason
+    loop.scraper = Scraper(router)
     clock.now = 60.0
     interval(router, 60, 30.0)
     assert loop.tick() is not None
