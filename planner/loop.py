@@ -154,7 +154,9 @@ class PlannerLoop:
             logger.info("planner: %s", d.reason)
         assert self.planner is not None
         self.metrics.observe(d, self.planner.correction.scales)
-        status = {**d.as_status(), "lastChange": self._last_change}
+        status = d.as_status()
+        if self._last_change is not None:
+            status["lastChange"] = self._last_change
         self.api.apply_status(llmd, {"planner": status}, manager=MANAGER)
 
     def _report_failure(self, llmd: dict[str, Any], message: str) -> None:

@@ -64,8 +64,9 @@ class Decision:
         return self.target != self.current
 
     def as_status(self) -> dict[str, Any]:
-        """The decision as the resource's `status.planner` shows it."""
-        return {
+        """The decision as the resource's `status.planner` shows it; a figure it does not
+        have is left out (the schema's numbers take no null)."""
+        status = {
             "prefill": {"current": self.current.prefill, "desired": self.target.prefill},
             "decode": {"current": self.current.decode, "desired": self.target.decode},
             "predictedAttainment": _rounded(self.predicted_attainment),
@@ -74,6 +75,7 @@ class Decision:
             "reason": self.reason,
             "searchSeconds": round(self.search_s, 3),
         }
+        return {key: value for key, value in status.items() if value is not None}
 
 
 class Planner:

@@ -14,7 +14,7 @@ from tandem.operator.kube import ApiError
 from tandem.planner.loop import MANAGER, PlannerLoop
 from tandem.planner.metrics import PlannerMetrics
 from tests.disagg.nodes import metric_value
-from tests.operator.crd_schema import example
+from tests.operator.crd_schema import example, validate
 from tests.operator.fake_api import FakeApi
 from tests.planner.test_planner import interval
 from tests.planner.test_traffic import Router
@@ -97,6 +97,9 @@ def test_a_busy_interval_scales_the_planned_pool_and_says_why():
     assert status["decode"] == {"current": 1, "desired": decision.target.decode}
     assert status["lastChange"] and status["measuredAttainment"] == 0.0
     assert api.managers == [MANAGER]
+    assert (
+        validate({**example("minimal"), "status": api.status}) == []
+    )  # as the API server checks it
     text = generate_latest(loop.metrics.registry).decode()
     labels = {"pool": "decode", "state": "desired"}
     assert metric_value(text, "tandem_planner_replicas", **labels) == decision.target.decode
@@ -130,6 +133,7 @@ def test_failures_are_counted_and_the_next_interval_goes_on():
     ((_, reason, message),) = api.warnings
     assert reason == "PlannerFailed" and "spec.slo.simulator.model" in message
     assert "/no/such/model" in api.status["planner"]["reason"]
+    assert validate({**example("minimal"), "status": api.status}) == []
     live = api.objects[("LLMDeployment", "default", "llama")]
     live["spec"]["slo"]["ttftMs"] = -1  # invalid: the planner holds
     assert loop.tick() is None

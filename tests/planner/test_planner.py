@@ -68,4 +68,5 @@ def test_beyond_the_bounds_it_plans_the_maximum_and_says_so():
     tight = replace(SETTINGS, prefill=Bounds(1, 1), decode=Bounds(1, 2))
     decision = Planner(tight).decide(0.0, Layout(1, 1), interval(Router("r"), 2400, 30.0, 3.0))
     assert decision.target == Layout(1, 2) and decision.predicted_attainment is None
+    assert "predictedAttainment" not in decision.as_status()  # no null in the status
     assert "no layout within the bounds" in decision.reason

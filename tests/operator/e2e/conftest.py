@@ -120,7 +120,7 @@ def pytest_runtest_makereport(item, call):
 
 def _pod_logs(served) -> str:
     parts = []
-    for role in ("router", "prefill", "decode"):
+    for role in ("router", "prefill", "decode", "planner"):
         for pod in served.pods(role):
             name = pod["metadata"]["name"]
             lines = pod_log(served.api, served.namespace, name).splitlines()[-LOG_TAIL_LINES:]

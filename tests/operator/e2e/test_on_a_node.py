@@ -533,7 +533,7 @@ def test_prometheus_finds_every_pod_and_every_dashboard_query_has_data(ready, pr
     missing = empty()
     assert not missing, "no data: " + "; ".join(missing)
     roles = {s["metric"]["tandem_dev_role"] for s in prometheus.series(expected["up by role"])}
-    assert roles == {"router", "prefill", "decode"}
+    assert roles == {"router", "prefill", "decode", "planner"}  # the planner: spec.slo is on
     assert prometheus.series(f'up{{namespace="{ready.operator_namespace}"}} == 1')
     assert prometheus.series("up == 0") == []
     report("prometheus", {"queries_with_data": len(expected), "targets": len(
