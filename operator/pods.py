@@ -6,6 +6,7 @@ cache's claim holds it), the engine ConfigMap, shared memory, probes, the pool's
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
@@ -48,6 +49,19 @@ SHM_SIZE = {"router": "256Mi", "prefill": "16Gi", "decode": "16Gi"}
 # stream lasts as long as the decode pod's behind it (a pod that is done exits sooner).
 DRAIN_S = {"router": 5, "prefill": 10, "decode": 10}
 GRACE_S = 120
+MAX_GRACE_S = 3600  # a grace past an hour is a misconfiguration, not a request to wait for
+
+
+def grace_seconds(spec: LLMDeploymentSpec) -> int:
+    """Seconds a pod has after SIGTERM to finish what it holds. With `spec.slo` and a
+    `maxModelLen`, the longest request allowed ends within its TTFT target plus
+    `maxModelLen` tokens at its TPOT target, so a scale-down cuts none within the SLO:
+    the grace is at least that (and GRACE_S, at most MAX_GRACE_S)."""
+    slo, max_len = spec.slo, spec.model.max_model_len
+    if slo is None or max_len is None:
+        return GRACE_S
+    longest = math.ceil(slo.ttft_s + max_len * slo.tpot_s)
+    return min(MAX_GRACE_S, max(GRACE_S, longest))
 
 
 def pod_template(
@@ -59,7 +73,7 @@ def pod_template(
         "securityContext": pod_security_context(),
         "containers": [_container(spec, role), *extra.containers],
         "volumes": _volumes(spec, role) + extra.volumes,
-        "terminationGracePeriodSeconds": GRACE_S,
+        "terminationGracePeriodSeconds": grace_seconds(spec),
     }
     if role == "router":
         pod_spec["serviceAccountName"] = child_name(spec.name, "router")

@@ -172,3 +172,26 @@ def test_the_crd_keeps_the_planners_status():
     assert validate(llmd) == []
     llmd["status"]["plan"] = {}
     assert any("'plan' was unexpected" in e for e in validate(llmd))
+
+
+@pytest.mark.parametrize(
+    ("slo", "max_len", "grace"),
+    [
+        ({"ttftMs": 800, "tpotMs": 60}, 4096, 247),  # 0.8 s + 4,096 tokens at 60 ms
+        ({"ttftMs": 800, "tpotMs": 60}, None, 120),  # the model's length: unknown here
+        ({"ttftMs": 100, "tpotMs": 1}, 4096, 120),  # shorter than the default: the default
+        ({"ttftMs": 800, "tpotMs": 500}, 131072, 3600),  # a day: capped at an hour
+    ],
+)
+def test_the_grace_lets_the_longest_request_within_the_slo_finish(slo, max_len, grace):
+    llmd = with_slo({**slo, "decode": {"maxReplicas": 2}})
+    if max_len is not None:
+        llmd["spec"]["model"]["maxModelLen"] = max_len
+    pools = [
+        o
+        for o in render(llmd)
+        if o["kind"] == "Deployment" and "planner" not in o["metadata"]["name"]
+    ]
+    assert pools and all(
+        d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace for d in pools
+    )
