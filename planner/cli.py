@@ -30,6 +30,9 @@ def run(args: argparse.Namespace) -> None:
     from tandem.planner.metrics import PlannerMetrics
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # the simulated routers' worker pools and every scrape would log at INFO each interval
+    for noisy in ("tandem.router", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     registry = CollectorRegistry()
     metrics = PlannerMetrics(registry, args.llmdeployment)
     server = MetricsServer(metrics_app(registry), args.host, args.metrics_port)
