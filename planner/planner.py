@@ -96,7 +96,9 @@ class Planner:
         if traffic.finished < s.min_finished:
             planned = Layout(s.prefill.min_replicas, s.decode.min_replicas)
             target = self.stabilizer.settle(now_s, current, planned)
-            why = f"{traffic.finished:.0f} requests finished in the interval: planned the minimum"
+            idle = (f"{traffic.finished:.0f} requests finished in the interval (fewer than "
+                    f"{s.min_finished}): planned the minimum {_layout(planned)}")  # fmt: skip
+            why = _outcome(idle, current, target, planned)
             return Decision(current, planned, target, why, None, measured, None,
                             traffic.rate_rps, time.perf_counter() - start, 0)  # fmt: skip
         requests = observed_workload(traffic, s.num_requests, s.shape.vocab_size, s.seed)
@@ -132,6 +134,11 @@ def _reason(
         found = f"no layout within the bounds meets {wanted:.0%} of requests: planned {plan}"
     else:
         found = f"{plan} is the cheapest to meet the SLOs ({best.attained:.0%} predicted)"
+    return _outcome(found, current, target, planned)
+
+
+def _outcome(found: str, current: Layout, target: Layout, planned: Layout) -> str:
+    """`found`, then what it changes: "a -> b", or why nothing changes."""
     if target == current:
         held = " (held: scale-down window or cooldown)" if planned != current else ""
         return f"{found}; stays at {_layout(current)}{held}"

@@ -61,7 +61,11 @@ def test_an_idle_interval_plans_the_minimum_and_simulates_nothing():
     router = Router("r")
     idle = planner.decide(0.0, Layout(2, 3), interval(router, 0, 30.0))
     assert idle.simulations == 0 and idle.measured_attainment is None
-    assert idle.target == Layout(1, 1) and "0 requests finished" in idle.reason
+    assert idle.target == Layout(1, 1)
+    assert idle.reason == (
+        "0 requests finished in the interval (fewer than 10): planned the minimum 1P+1D; "
+        "2P+3D -> 1P+1D"
+    )
 
 
 def test_beyond_the_bounds_it_plans_the_maximum_and_says_so():
