@@ -29,6 +29,9 @@ class BucketCounts:
         return self.cumulative[-1] if self.cumulative else 0.0
 
     def plus(self, other: BucketCounts) -> BucketCounts:
+        """The sum of both; an empty one (a histogram with no series yet) adds nothing."""
+        if not other.bounds:
+            return self
         if not self.bounds:
             return other
         self._check(other)

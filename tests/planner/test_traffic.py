@@ -66,6 +66,14 @@ def test_a_restarted_router_counts_from_zero_and_a_new_one_counts_whole():
     assert t.histograms[PROMPT].total == 200
 
 
+def test_a_router_that_served_nothing_yet_adds_nothing():
+    busy, idle = Router("a"), Router("b")  # b's histograms have no series at all
+    before = {"a": busy.scrape(), "b": idle.scrape()}
+    busy.finish(100, 4, 0.1, 0.01)
+    t = window(before, {"a": busy.scrape(), "b": idle.scrape()}, 1.0, 16)
+    assert t.finished == 1 and t.histograms[PROMPT].total == 100
+
+
 def test_an_idle_window_has_no_rate_and_no_attainment():
     r = Router("a")
     t = window({"a": r.scrape()}, {"a": r.scrape()}, 30.0, 16)
