@@ -25,6 +25,7 @@ from tandem.sim.cluster import ClusterConfig
 from tandem.sim.profiles import DeviceProfile
 from tandem.sim.results import SLO
 from tandem.sim.shapes import ModelShape
+from tandem.sim.workload import SimRequest
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Planner:
             time.perf_counter() - start, search.simulations + 1, dict(self.correction.errors),
         )  # fmt: skip
 
-    def _search(self, requests) -> LayoutSearch:
+    def _search(self, requests: list[SimRequest]) -> LayoutSearch:
         s = self.settings
         profile = self.correction.apply(s.profile)
         return LayoutSearch(s.base, s.shape, profile, requests, s.slo, s.attainment)

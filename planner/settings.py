@@ -12,6 +12,7 @@ GPUs and `cpu` otherwise; the planner corrects it from the measured latencies.
 from __future__ import annotations
 
 from tandem.operator.engine_config import model_dir
+from tandem.operator.slo import PoolBounds
 from tandem.operator.spec import LLMDeploymentSpec
 from tandem.planner.layout_search import Bounds
 from tandem.planner.planner import PlannerSettings
@@ -77,7 +78,7 @@ def _gpus(spec: LLMDeploymentSpec, role: str) -> bool:
     return float(str(limits.get(GPU, 0))) > 0
 
 
-def _bounds(bounds, replicas: int) -> Bounds:
+def _bounds(bounds: PoolBounds | None, replicas: int) -> Bounds:
     if bounds is None:
         return Bounds(replicas, replicas)
     return Bounds(bounds.min_replicas, bounds.max_replicas)
