@@ -438,9 +438,11 @@ def test_the_operator_pod_deleted_serving_goes_on_and_nothing_is_rewritten(ready
 
 
 # Targets this CPU never meets: under load every layout misses them and the planner plans the
-# maximum; with fewer than 10 requests an interval it plans the minimum.
+# maximum; with fewer than 10 requests an interval it plans the minimum. 8 streams end more
+# than 10 requests in 10 s even on a loaded machine, one client pausing 2 s between requests
+# fewer on any; the window keeps a scale-up while its pod starts on a slow machine.
 UNMET_SLO = {
-    "ttftMs": 1, "tpotMs": 1, "interval": "5s", "scaleDownWindow": "20s", "cooldown": "5s",
+    "ttftMs": 1, "tpotMs": 1, "interval": "10s", "scaleDownWindow": "60s", "cooldown": "5s",
     "decode": {"minReplicas": 1, "maxReplicas": 2},
 }  # fmt: skip
 
@@ -461,7 +463,7 @@ def test_the_slo_planner_follows_the_load_and_its_scale_down_fails_nothing(ready
     assert load.failures() == [], load.failures()[:3]
     planner = ready.resource()["status"]["planner"]  # held at 2 for the window
     assert planner["decode"]["desired"] == 2, planner
-    with StreamLoad(ready.router_url(), concurrency=2, pause_s=2.0) as trickle:
+    with StreamLoad(ready.router_url(), concurrency=1, pause_s=2.0) as trickle:
         started = time.monotonic()
         assert wait_until(lambda: ready.routers_follow("decode", 1), timeout=START_S)
         down_s = time.monotonic() - started
