@@ -1,0 +1,117 @@
+"""How `planner_day.py` sizes the pools each hour: three policies behind one interface
+(`layout_for`), and what one hour served by a layout came to (`HourRun`).
+
+- `Static`: one layout all day.
+- `Planned`: the SLO planner (`Planner.decide`) on the previous hour's window as the
+  routers would have measured it; the stabilizer steps by the hour.
+- `Hpa`: the HorizontalPodAutoscaler the operator renders for each pool without `spec.slo`
+  (operator/scaling.py): prefill on requests waiting per pod (target 4), decode on KV cache
+  usage per pod (target 0.8), each `ceil(current * observed / target)` within its bounds,
+  held within the HPA's 10% tolerance; observed as the previous hour's time means per pod.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from diurnal import traffic_of
+
+from tandem.planner.layout_search import Bounds, Layout
+from tandem.planner.planner import Decision, Planner
+from tandem.sim.cluster import RequestRecord
+
+HPA_TOLERANCE = 0.1  # the controller's default: no change within 10% of the target
+PREFILL_WAITING_TARGET = 4.0  # operator/scaling.py DEFAULT_TARGETS
+DECODE_KV_TARGET = 0.8
+
+
+@dataclass
+class HourRun:
+    """One hour's sample window served by `layout`; `num_good`: requests within both SLO
+    targets. The hour counts `devices` for all of its 3,600 s."""
+
+    hour: int
+    rate_rps: float
+    layout: Layout
+    devices: int
+    num_requests: int
+    num_good: int
+    summary: dict[str, Any]
+    records: list[RequestRecord]
+
+    @property
+    def attainment(self) -> float:
+        return self.num_good / max(self.num_requests, 1)
+
+    @property
+    def goodput_rps(self) -> float:
+        """Requests per second within the SLOs over the hour: its rate times attainment."""
+        return self.rate_rps * self.attainment
+
+
+class Policy(Protocol):
+    name: str
+    start: Layout | None  # the layout of the hour before the first (None: no warm-up)
+
+    def layout_for(self, hour: int, previous: HourRun | None) -> Layout:
+        """The layout that serves `hour`, given the previous hour's run (None only for a
+        policy without a warm-up, at the first hour)."""
+        ...
+
+
+@dataclass
+class Static:
+    name: str
+    layout: Layout
+    start: Layout | None = None
+
+    def layout_for(self, hour: int, previous: HourRun | None) -> Layout:
+        return self.layout
+
+
+@dataclass
+class Planned:
+    """The planner deciding once an hour, at the hour's start (`now_s` = hour x 3,600 s)."""
+
+    planner: Planner
+    start: Layout
+    window_s: float
+    block_size: int
+    name: str = "planner"
+    decisions: list[Decision] = field(default_factory=list)
+
+    def layout_for(self, hour: int, previous: HourRun | None) -> Layout:
+        assert previous is not None, "the planner decides on the previous hour's traffic"
+        traffic = traffic_of(previous.records, self.window_s, self.block_size)
+        decision = self.planner.decide(hour * 3600.0, previous.layout, traffic)
+        self.decisions.append(decision)
+        return decision.target
+
+
+@dataclass
+class Hpa:
+    prefill: Bounds
+    decode: Bounds
+    start: Layout
+    name: str = "HPA"
+
+    def layout_for(self, hour: int, previous: HourRun | None) -> Layout:
+        assert previous is not None, "the HPA scales on the previous hour's metrics"
+        pools = previous.summary["pools"]
+        current = previous.layout
+        return Layout(
+            hpa_replicas(current.prefill, pools["prefill"].get("waiting_mean", 0.0),
+                         PREFILL_WAITING_TARGET, self.prefill),
+            hpa_replicas(current.decode, pools["decode"]["kv_usage_mean"], DECODE_KV_TARGET,
+                         self.decode),
+        )  # fmt: skip
+
+
+def hpa_replicas(current: int, observed: float, target: float, bounds: Bounds) -> int:
+    """The HPA's answer for a per-pod average metric: `ceil(current * observed / target)`,
+    `current` while the ratio is within the tolerance, always within the bounds."""
+    ratio = observed / target
+    wanted = current if abs(ratio - 1.0) <= HPA_TOLERANCE else math.ceil(current * ratio)
+    return min(bounds.max_replicas, max(bounds.min_replicas, wanted))
