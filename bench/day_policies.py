@@ -1,5 +1,5 @@
 """How `planner_day.py` sizes the pools each hour: three policies behind one interface
-(`layout_for`), and what one hour served by a layout came to (`HourRun`).
+(`layout_for`), each given what the previous hour came to (`HourRun`).
 
 - `Static`: one layout all day.
 - `Planned`: the SLO planner (`Planner.decide`) on the previous hour's window as the
@@ -7,48 +7,25 @@
 - `Hpa`: the HorizontalPodAutoscaler the operator renders for each pool without `spec.slo`
   (operator/scaling.py): prefill on requests waiting per pod (target 4), decode on KV cache
   usage per pod (target 0.8), each `ceil(current * observed / target)` within its bounds,
-  held within the HPA's 10% tolerance; observed as the previous hour's time means per pod.
+  held within the HPA's 10% tolerance; observed: the previous hour's time means per pod
+  (`PoolMeans`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from day_hour import HourRun
 from diurnal import traffic_of
 
 from tandem.planner.layout_search import Bounds, Layout
 from tandem.planner.planner import Decision, Planner
-from tandem.sim.cluster import RequestRecord
 
 HPA_TOLERANCE = 0.1  # the controller's default: no change within 10% of the target
 PREFILL_WAITING_TARGET = 4.0  # operator/scaling.py DEFAULT_TARGETS
 DECODE_KV_TARGET = 0.8
-
-
-@dataclass
-class HourRun:
-    """One hour's sample window served by `layout`; `num_good`: requests within both SLO
-    targets. The hour counts `devices` for all of its 3,600 s."""
-
-    hour: int
-    rate_rps: float
-    layout: Layout
-    devices: int
-    num_requests: int
-    num_good: int
-    summary: dict[str, Any]
-    records: list[RequestRecord]
-
-    @property
-    def attainment(self) -> float:
-        return self.num_good / max(self.num_requests, 1)
-
-    @property
-    def goodput_rps(self) -> float:
-        """Requests per second within the SLOs over the hour: its rate times attainment."""
-        return self.rate_rps * self.attainment
 
 
 class Policy(Protocol):
@@ -99,14 +76,12 @@ class Hpa:
 
     def layout_for(self, hour: int, previous: HourRun | None) -> Layout:
         assert previous is not None, "the HPA scales on the previous hour's metrics"
-        pools = previous.summary["pools"]
+        prefill, decode = previous.pools["prefill"], previous.pools["decode"]
         current = previous.layout
         return Layout(
-            hpa_replicas(current.prefill, pools["prefill"].get("waiting_mean", 0.0),
-                         PREFILL_WAITING_TARGET, self.prefill),
-            hpa_replicas(current.decode, pools["decode"]["kv_usage_mean"], DECODE_KV_TARGET,
-                         self.decode),
-        )  # fmt: skip
+            hpa_replicas(current.prefill, prefill.waiting, PREFILL_WAITING_TARGET, self.prefill),
+            hpa_replicas(current.decode, decode.kv_usage, DECODE_KV_TARGET, self.decode),
+        )
 
 
 def hpa_replicas(current: int, observed: float, target: float, bounds: Bounds) -> int:

@@ -83,12 +83,14 @@ def hour_window(
 
 def traffic_of(records: Sequence[RequestRecord], seconds: float, block_size: int) -> TrafficWindow:
     """The requests of one simulated window as a router's metrics over `seconds`: a real
-    `RouterMetrics` fed with each finished request's lengths and client-side times, its
-    Prometheus text parsed as the planner parses a router's scrape."""
+    `RouterMetrics` fed with each finished request's lengths and client-side times (one
+    that failed counts as ended, as the router counts it), its Prometheus text parsed as
+    the planner parses a router's scrape."""
     metrics = RouterMetrics(CollectorRegistry(), "m", "bench")
     before = {"r": RouterScrape.parse(generate_latest(metrics.registry).decode())}
     for r in records:
         if r.outcome != "finished" or r.first_token_s is None or r.finish_s is None:
+            metrics.phases.observe(ChoiceClock(start=0.0), failed=True)  # ended, unmeasured
             continue
         metrics.phases.observe(_clock(r))
         metrics.child(metrics.ttft).observe(r.first_token_s - r.arrival_s)

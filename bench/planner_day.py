@@ -4,8 +4,9 @@ the planner against static provisioning for the peak and against the HPA path.
 Llama-3-8B on the H100 profile, prefill and decode pools of TP 1 (remote prefill for every
 prompt), the router's kv-aware policy. The day's rate follows `Diurnal` (a cosine between
 `--trough` and `--peak` req/s, highest at 14:30); each hour is a `--window-s` sample at its
-rate (Poisson arrivals, lengths drawn from the Azure conversation trace, `diurnal.py`), and
-its layout counts for the whole hour (GPU-hours). Every policy serves the same windows:
+rate (Poisson arrivals, lengths drawn from the Azure conversation trace, `diurnal.py`),
+after `--warmup-s` at that rate served but not counted (`day_hour.py`), and its layout
+counts for the whole hour (GPU-hours). Every policy serves the same windows:
 
 1. static: the cheapest layout that meets the SLOs on the peak hour's window (the
    planner's own `LayoutSearch`), all day;
@@ -17,9 +18,10 @@ The planner and the HPA start from each pool's minimum in the hour before the fi
 not counted). Attainment: the share of all the day's requests (each hour weighing its
 rate) within both targets; goodput: those requests per second, over the day.
 
-    python -P bench/planner_day.py [--trace CSV] [--trough 30] [--peak 105] [--window-s 60]
-        [--first-hour 0] [--hours 24] [--max-prefill 8] [--max-decode 8] [--slo-ttft 2]
-        [--slo-tpot 0.1] [--attainment 0.9] [--planner-requests 200] [--seed 0] [--smoke]
+    python -P bench/planner_day.py [--trace CSV] [--trough 30] [--peak 105] [--window-s 45]
+        [--warmup-s 15] [--first-hour 0] [--hours 24] [--max-prefill 8] [--max-decode 8]
+        [--slo-ttft 2] [--slo-tpot 0.1] [--attainment 0.9] [--planner-requests 200] [--seed 0]
+        [--smoke]
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from day_policies import HourRun, Hpa, Planned, Policy, Static
+from day_hour import HourRun, serve_window
+from day_policies import Hpa, Planned, Policy, Static
 from diurnal import Diurnal, TraceLengths, hour_window
 from machine import describe_host
 
@@ -43,9 +46,8 @@ from tandem.planner.planner import Planner, PlannerSettings
 from tandem.sim.cluster import ClusterConfig
 from tandem.sim.plan import materialized
 from tandem.sim.profiles import load_profile
-from tandem.sim.results import SLO, summarize
+from tandem.sim.results import SLO
 from tandem.sim.shapes import SHAPES
-from tandem.sim.simulate import run_cluster
 from tandem.sim.workload import SimRequest
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023_conv.csv"
@@ -56,7 +58,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--trough", type=float, default=30.0, help="req/s at 02:30")
     parser.add_argument("--peak", type=float, default=105.0, help="req/s at 14:30")
-    parser.add_argument("--window-s", type=float, default=60.0, help="simulated per hour")
+    parser.add_argument("--window-s", type=float, default=45.0, help="counted per hour")
+    parser.add_argument("--warmup-s", type=float, default=15.0, help="before each window")
     parser.add_argument("--first-hour", type=int, default=0)
     parser.add_argument("--hours", type=int, default=24)
     parser.add_argument("--max-prefill", type=int, default=8)
@@ -69,7 +72,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (tests)")
     args = parser.parse_args()
     if args.smoke:
-        args.trough, args.peak, args.window_s, args.first_hour, args.hours = 2.0, 4.0, 5.0, 13, 3
+        args.trough, args.peak, args.window_s, args.warmup_s = 2.0, 4.0, 5.0, 2.0
+        args.first_hour, args.hours = 13, 3
         args.max_prefill, args.max_decode, args.planner_requests = 1, 2, 30
     return args
 
@@ -83,7 +87,7 @@ class Day:
         self.slo, self.attainment = SLO(args.slo_ttft, args.slo_tpot), args.attainment
         self.curve = Diurnal(args.trough, args.peak)
         self.lengths = TraceLengths.read(args.trace)
-        self.window_s, self.seed = args.window_s, args.seed
+        self.window_s, self.warmup_s, self.seed = args.window_s, args.warmup_s, args.seed
         self.hours = list(range(args.first_hour, args.first_hour + args.hours))
         self.prefill, self.decode = Bounds(1, args.max_prefill), Bounds(1, args.max_decode)
 
@@ -91,24 +95,22 @@ class Day:
         """The hour's sample, its prompts drawn once for every policy that serves it."""
         rate = self.curve.hour_rate(hour)
         seed = self.seed * 1000 + hour + 1  # the warm-up hour before the first too
-        requests = hour_window(self.lengths, rate, self.window_s, self.shape.vocab_size, seed)
-        return materialized(requests)
+        seconds = self.warmup_s + self.window_s
+        return materialized(hour_window(self.lengths, rate, seconds, self.shape.vocab_size, seed))
 
     def devices(self, layout: Layout) -> int:
         return layout.prefill * self.base.tp_prefill + layout.decode * self.base.tp_decode
 
     def serve(self, hour: int, layout: Layout, requests: Sequence[SimRequest]) -> HourRun:
         config = replace(self.base, num_prefill=layout.prefill, num_decode=layout.decode)
-        cluster, records = run_cluster(config, self.shape, self.profile, requests)
-        summary = summarize(cluster, records, self.slo)
-        good = round(summary["slo"]["attained"] * summary["num_finished"])
+        run = serve_window(config, self.shape, self.profile, requests, self.slo, self.warmup_s)
         rate = self.curve.hour_rate(hour)
-        return HourRun(hour % 24, rate, layout, self.devices(layout), len(records), good,
-                       summary, records)  # fmt: skip
+        return HourRun(hour % 24, rate, layout, self.devices(layout), run.records, run.summary,
+                       run.pools)  # fmt: skip
 
     def peak_layout(self) -> Layout:
-        """The cheapest layout meeting the SLOs on the busiest hour's window (each pool's
-        maximum when none does)."""
+        """The cheapest layout meeting the SLOs on the busiest hour's window, warm-up
+        included (each pool's maximum when none does)."""
         peak = max(self.hours, key=self.curve.hour_rate)
         search = LayoutSearch(self.base, self.shape, self.profile, self.window(peak), self.slo,
                               self.attainment)  # fmt: skip
@@ -188,7 +190,8 @@ def main() -> None:
     day = Day(args)
     c, p, d = day.curve, day.prefill, day.decode
     print(f"day: {c.trough_rps:g}-{c.peak_rps:g} req/s (cosine, peak at {c.peak_hour:g} h), "
-          f"hours {day.hours[0]}-{day.hours[-1]}, a {day.window_s:g} s window each; SLO TTFT "
+          f"hours {day.hours[0]}-{day.hours[-1]}, a {day.window_s:g} s window each after "
+          f"{day.warmup_s:g} s of warm-up; SLO TTFT "
           f"{day.slo.ttft_s:g} s, TPOT {day.slo.tpot_s * 1000:g} ms, {day.attainment:.0%}; "
           f"prefill {p.min_replicas}-{p.max_replicas}, decode {d.min_replicas}-"
           f"{d.max_replicas} replicas of TP 1")  # fmt: skip
