@@ -57,13 +57,13 @@ class Planned:
     window_s: float
     block_size: int
     name: str = "planner"
-    decisions: list[Decision] = field(default_factory=list)
+    decisions: dict[int, Decision] = field(default_factory=dict)  # by hour
 
     def layout_for(self, hour: int, previous: HourRun | None) -> Layout:
         assert previous is not None, "the planner decides on the previous hour's traffic"
         traffic = traffic_of(previous.records, self.window_s, self.block_size)
         decision = self.planner.decide(hour * 3600.0, previous.layout, traffic)
-        self.decisions.append(decision)
+        self.decisions[hour % 24] = decision
         return decision.target
 
 

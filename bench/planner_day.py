@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from day_hour import HourRun, serve_window
 from day_policies import Hpa, Planned, Policy, Static
+from day_report import print_decisions, print_hours, print_totals
 from diurnal import Diurnal, TraceLengths, hour_window
 from machine import describe_host
 
@@ -150,36 +151,9 @@ def run_day(day: Day, chosen: Sequence[Policy]) -> dict[str, list[HourRun]]:
                 last.records = []  # read by this hour's decision only
             runs[p.name].append(run)
             previous[p.name] = run
+        done = ", ".join(f"{p.name} {runs[p.name][-1].attainment:.0%}" for p in chosen)
+        print(f"hour {hour}: {len(requests)} requests; {done}", file=sys.stderr, flush=True)
     return runs
-
-
-def print_hours(name: str, runs: Sequence[HourRun]) -> None:
-    print(f"\n{name}:\n")
-    print("| hour | rate req/s | layout | GPUs | attainment | goodput req/s | TTFT p90 s "
-          "| TPOT p90 ms |")  # fmt: skip
-    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
-    for r in runs:
-        ttft, tpot = r.summary["ttft_s"]["p90"], r.summary["tpot_s"]["p90"]
-        print(f"| {r.hour:02d}:00 | {r.rate_rps:.1f} | {r.layout.prefill}P+{r.layout.decode}D | "
-              f"{r.devices} | {r.attainment:.1%} | {r.goodput_rps:.1f} | {_num(ttft, 1)} | "
-              f"{_num(tpot, 1000)} |")  # fmt: skip
-
-
-def print_totals(runs: dict[str, list[HourRun]]) -> None:
-    print("\n| policy | SLO attainment | goodput req/s | GPU-hours | layouts |")
-    print("| --- | ---: | ---: | ---: | --- |")
-    for name, hours in runs.items():
-        offered = sum(r.rate_rps for r in hours)
-        good = sum(r.goodput_rps for r in hours)
-        gpu_hours = sum(r.devices for r in hours)
-        sizes = sorted({r.devices for r in hours})
-        span = f"{sizes[0]}-{sizes[-1]} GPUs" if len(sizes) > 1 else f"{sizes[0]} GPUs"
-        print(f"| {name} | {good / offered:.1%} | {good / len(hours):.1f} | {gpu_hours} | "
-              f"{span} |")  # fmt: skip
-
-
-def _num(x: float | None, scale: float) -> str:
-    return "-" if x is None else f"{x * scale:.2f}" if scale == 1 else f"{x * scale:.1f}"
 
 
 def main() -> None:
@@ -202,13 +176,10 @@ def main() -> None:
     chosen = policies(day, static, args)
     started = time.perf_counter()
     runs = run_day(day, chosen)
+    print(f"day simulated in {time.perf_counter() - started:.0f} s")
     for name, hours in runs.items():
         print_hours(name, hours)
-    planned = next(p for p in chosen if isinstance(p, Planned))
-    seconds = [d.search_s for d in planned.decisions]
-    print(f"\nplanner decisions: {len(seconds)}, {sum(seconds) / len(seconds):.2f} s each on "
-          f"average, {max(seconds):.2f} s at most; day simulated in "
-          f"{time.perf_counter() - started:.0f} s")  # fmt: skip
+    print_decisions(next(p for p in chosen if isinstance(p, Planned)).decisions)
     print_totals(runs)
 
 

@@ -30,7 +30,12 @@ from tests.bench_run import run_bench
         ("planner_decide.py", ["| rate req/s | decision s | simulations |", "| 20 | "]),
         (
             "planner_day.py",
-            ["static for the peak: 1P+", "| 14:00 | 4.0 | ", "| policy | SLO attainment |"],
+            [
+                "static for the peak: 1P+",
+                "| 14:00 | 4.0 | ",
+                "planner decisions (on the previous hour)",
+                "| policy | SLO attainment |",
+            ],
         ),
     ],
 )
