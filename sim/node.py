@@ -74,6 +74,9 @@ class SimNode(StepHooks):
         self.busy_s = 0.0
         self.last_step_s = 0.0  # the duration of the last step
         self.kv_usage_s = 0.0  # KV usage at each step's start, times the step's duration
+        # requests waiting (`Load.waiting`, the `tandem_num_requests_waiting` gauge) once
+        # each step is scheduled, times the step's duration
+        self.waiting_s = 0.0
         self.batch_sizes: Counter[int] = Counter()  # steps by the requests in them
         self.num_tokens = 0  # computed by its steps
         self.dead = False  # a killed node ignores its pending events and messages
@@ -139,16 +142,19 @@ class SimNode(StepHooks):
         now = self.cluster.events.now
         cores = self.cluster.cores
         run_s = profile.host_run_s(self.role)
-        args = (out, now, self.kv.usage())
+        args = (out, now, self.kv.usage(), load_of(self.scheduler).waiting)
         cores.start(self, work, self._end_step, *args, role=self.role, process=self, slice_s=run_s)
         # its duration: the work alone, stretched while other steps share the host's cores
 
-    def _end_step(self, out: SchedulerOutput, started_s: float, kv_usage: float) -> None:
+    def _end_step(
+        self, out: SchedulerOutput, started_s: float, kv_usage: float, num_waiting: int
+    ) -> None:
         if self.dead:
             return  # the cluster stopped counting its step when it died
         duration = self.last_step_s = self.cluster.events.now - started_s
         self.busy_s += duration
         self.kv_usage_s += duration * kv_usage
+        self.waiting_s += duration * num_waiting
         sampled = [
             SAMPLED_TOKEN if c >= r.num_tokens else None
             for r, c in zip(out.scheduled, context_lens(out))

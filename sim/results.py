@@ -192,9 +192,11 @@ def _pool(nodes: Sequence, duration: float) -> dict[str, Any]:
         return {"nodes": 0}
     busy_s: Counter[str] = Counter()
     kv_s: Counter[str] = Counter()
+    waiting_s: Counter[str] = Counter()
     for n in nodes:
         busy_s[n.url] += n.busy_s
         kv_s[n.url] += n.kv_usage_s
+        waiting_s[n.url] += n.waiting_s
     busy = [b / duration for b in busy_s.values()]
     kv = [k / duration for k in kv_s.values()]
     steps = sum(n.num_steps for n in nodes)
@@ -203,6 +205,8 @@ def _pool(nodes: Sequence, duration: float) -> dict[str, Any]:
         "busy_mean": float(np.mean(busy)),
         "busy_max": float(np.max(busy)),
         "kv_usage_mean": float(np.mean(kv)),
+        # per worker, as an HPA on `tandem_num_requests_waiting` averages it over the pods
+        "waiting_mean": float(np.mean([w / duration for w in waiting_s.values()])),
         "steps": steps,
         "steps_of_one": sum(n.batch_sizes[1] for n in nodes),  # a step of a single request
         "batch_mean": sum(k * c for n in nodes for k, c in n.batch_sizes.items()) / max(steps, 1),

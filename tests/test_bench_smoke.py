@@ -28,6 +28,15 @@ from tests.bench_run import run_bench
         ("router_loop.py", ["nproc ", "2 streams alone", "2 streams with "]),
         ("step_profile.py", ["| ms per decode step | batch 1 | batch 4 |", "|   attention |"]),
         ("planner_decide.py", ["| rate req/s | decision s | simulations |", "| 20 | "]),
+        (
+            "planner_day.py",
+            [
+                "static for the peak: 1P+",
+                "| 14:00 | 4.0 | ",
+                "planner decisions (on the previous hour)",
+                "| policy | SLO attainment |",
+            ],
+        ),
     ],
 )
 def test_benchmark_runs_on_tiny_shapes(script, rows):

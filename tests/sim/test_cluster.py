@@ -320,3 +320,20 @@ def test_a_prefill_worker_batches_the_prompts_that_reach_it_together(gap_steps, 
     assert pool["steps"] == sum(batches.values())
     assert pool["steps_of_one"] == batches.get(1, 0)
     assert pool["batch_mean"] == 2 / pool["steps"]
+
+
+def test_the_pool_summary_counts_the_requests_that_wait_through_each_step():
+    # Two 2048-token prompts reach the only prefill worker together; the step budget holds
+    # one: the second waits through the first's step, then runs alone. The worker's waiting
+    # count (`tandem_num_requests_waiting`) is 1 for one step's time and 0 after.
+    config = ClusterConfig(num_prefill=1, num_decode=1, num_kv_blocks=512, max_model_len=4096)
+    step = StepTimeModel(SHAPE, H100, role="prefill").step_time(StepShape.of([2048], [2048], 1))
+    reqs = [SimRequest.of_tokens(f"r{i}", 0.0, [3 + i] * 2048, 2) for i in range(2)]
+    cluster, records = run(config, reqs)
+    prefill = cluster.prefills[0]
+    assert dict(prefill.batch_sizes) == {1: 2}
+    assert prefill.waiting_s == pytest.approx(step)
+    summary = summarize(cluster, records, SLO())
+    assert summary["pools"]["prefill"]["waiting_mean"] == pytest.approx(
+        step / summary["duration_s"]
+    )
