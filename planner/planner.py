@@ -12,6 +12,7 @@ minimum, which the stabilizer reaches only once the window has been idle through
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +32,11 @@ from tandem.sim.workload import SimRequest
 @dataclass(frozen=True)
 class PlannerSettings:
     """`base`: the deployment as it runs (TP sizes, threshold, engine limits); its replica
-    counts are the planner's to choose. `num_requests`: the simulated workload's size;
-    `min_finished`: fewer finished requests in an interval plan the minimum."""
+    counts are the planner's to choose. The simulated workload spans `horizon_s` of the
+    measured rate, at least `num_requests` and at most `max_requests` requests (a span
+    short of that fills no batch and builds no queue: the simulated day of
+    docs/autoscaling.md). `min_finished`: fewer finished requests in an interval plan the
+    minimum."""
 
     slo: SLO
     attainment: float
@@ -42,8 +46,15 @@ class PlannerSettings:
     shape: ModelShape
     profile: DeviceProfile
     num_requests: int = 200
+    horizon_s: float = 60.0
+    max_requests: int = 2000
     min_finished: int = 10
     seed: int = 0
+
+    def workload_size(self, rate_rps: float) -> int:
+        """Requests in the simulated workload at `rate_rps`."""
+        spanned = math.ceil(rate_rps * self.horizon_s)
+        return min(self.max_requests, max(self.num_requests, spanned))
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,8 @@ class Planner:
             why = _outcome(idle, current, target, planned)
             return Decision(current, planned, target, why, None, measured, None,
                             traffic.rate_rps, time.perf_counter() - start, 0)  # fmt: skip
-        requests = observed_workload(traffic, s.num_requests, s.shape.vocab_size, s.seed)
+        size = s.workload_size(traffic.rate_rps)
+        requests = observed_workload(traffic, size, s.shape.vocab_size, s.seed)
         now = self._search(requests).predict(current, whole=True)
         learn = measured is not None and measured >= s.attainment
         self.correction.observe(
@@ -114,9 +126,17 @@ class Planner:
         search = self._search(requests)
         best = search.cheapest(s.prefill, s.decode)
         planned = best.layout if best else Layout(s.prefill.max_replicas, s.decode.max_replicas)
+        why = _reason(best, planned, s.attainment)
+        lower = planned.prefill < current.prefill or planned.decode < current.decode
+        if measured is not None and measured < s.attainment and lower:
+            # the simulator says fewer would do while the routers measure the target missed
+            planned = Layout(
+                max(planned.prefill, current.prefill), max(planned.decode, current.decode)
+            )
+            why += f"; the routers measured {measured:.0%}: no scale-down"
         target = self.stabilizer.settle(now_s, current, planned)
         return Decision(
-            current, planned, target, _reason(current, target, best, planned, s.attainment),
+            current, planned, target, _outcome(why, current, target, planned),
             best.attained if best else None, measured, now.attained, traffic.rate_rps,
             time.perf_counter() - start, search.simulations + 1, dict(self.correction.errors),
         )  # fmt: skip
@@ -127,15 +147,11 @@ class Planner:
         return LayoutSearch(s.base, s.shape, profile, requests, s.slo, s.attainment)
 
 
-def _reason(
-    current: Layout, target: Layout, best: Prediction | None, planned: Layout, wanted: float
-) -> str:
+def _reason(best: Prediction | None, planned: Layout, wanted: float) -> str:
     plan = _layout(planned)
     if best is None:
-        found = f"no layout within the bounds meets {wanted:.0%} of requests: planned {plan}"
-    else:
-        found = f"{plan} is the cheapest to meet the SLOs ({best.attained:.0%} predicted)"
-    return _outcome(found, current, target, planned)
+        return f"no layout within the bounds meets {wanted:.0%} of requests: planned {plan}"
+    return f"{plan} is the cheapest to meet the SLOs ({best.attained:.0%} predicted)"
 
 
 def _outcome(found: str, current: Layout, target: Layout, planned: Layout) -> str:

@@ -21,7 +21,7 @@ SETTINGS = PlannerSettings(
     slo=SLO(ttft_s=0.5, tpot_s=0.05), attainment=0.9,
     prefill=Bounds(1, 3), decode=Bounds(1, 4),
     base=ClusterConfig(remote_prefill_threshold=0), shape=SHAPES["llama-3-8b"],
-    profile=load_profile("h100"), num_requests=80,
+    profile=load_profile("h100"), num_requests=80, max_requests=400,
 )  # fmt: skip
 
 
@@ -74,3 +74,21 @@ def test_beyond_the_bounds_it_plans_the_maximum_and_says_so():
     assert decision.target == Layout(1, 2) and decision.predicted_attainment is None
     assert "predictedAttainment" not in decision.as_status()  # no null in the status
     assert "no layout within the bounds" in decision.reason
+
+
+def test_no_scale_down_while_the_routers_measure_the_target_missed():
+    """2 req/s needs 1P+1D by the simulator, but the routers measured every request late:
+    the planner keeps what runs and says why."""
+    planner = Planner(SETTINGS, Stabilizer(down_window_s=0.0, cooldown_s=0.0))
+    late = planner.decide(0.0, Layout(2, 3), interval(Router("r"), 60, 30.0, ttft=3.0))
+    assert late.target == Layout(2, 3) and late.measured_attainment == 0.0
+    assert "the routers measured 0%: no scale-down" in late.reason
+    on_time = Planner(SETTINGS, Stabilizer(down_window_s=0.0, cooldown_s=0.0))
+    assert on_time.decide(0.0, Layout(2, 3), interval(Router("r"), 60, 30.0)).target == Layout(1, 1)
+
+
+def test_the_modelled_workload_spans_the_horizon_within_its_bounds():
+    settings = replace(SETTINGS, max_requests=2000)
+    assert settings.workload_size(0.5) == 80  # the least (num_requests)
+    assert settings.workload_size(10.0) == 600  # 60 s of traffic
+    assert settings.workload_size(100.0) == 2000  # the most
