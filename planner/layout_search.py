@@ -40,7 +40,7 @@ class Bounds:
             raise ValueError(f"bounds need 0 <= min <= max, got {self}")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class Layout:
     prefill: int
     decode: int
