@@ -1,6 +1,7 @@
 """Who may do what: the router's ServiceAccount with the one permission its discovery
-uses (list EndpointSlices), the SLO planner's with what it reads and scales, and the
-NetworkPolicy that opens the nodes' ports only to the pods that need them."""
+uses (list EndpointSlices), the SLO planner's with what it reads and scales, the
+NetworkPolicy that opens the nodes' ports only to the pods that need them, and the
+planner's, which lets in only the scrapers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tandem.operator.names import (
     HTTP_PORT,
     METRICS_PORT,
     NIXL_PORT_RANGE,
+    PLANNER_METRICS_PORT,
     PLURAL,
     ROLE_LABEL,
     ZMQ_PORT,
@@ -98,19 +100,40 @@ def node_network_policy(spec: LLMDeploymentSpec) -> dict[str, Any]:
             ],
         },
     ]
-    if spec.pod_monitor is not None:
-        namespace = {"kubernetes.io/metadata.name": spec.pod_monitor.scraper_namespace}
-        ingress.append(
-            {
-                "from": [{"namespaceSelector": {"matchLabels": namespace}}],
-                "ports": [{"protocol": tcp, "port": METRICS_PORT}],
-            }
-        )
+    ingress += _scrapers(spec, METRICS_PORT)
+    return _ingress_policy(spec, "nodes", _nodes(spec), ingress)
+
+
+def planner_network_policy(spec: LLMDeploymentSpec, component: str) -> dict[str, Any]:
+    """Ingress to the SLO planner's pod: its metrics port from the scraper's namespace when
+    a PodMonitor is rendered, nothing else (it serves nobody; the kubelet's probes come from
+    the node, which a NetworkPolicy always lets in). Its egress, to the API server and the
+    routers, stays open."""
+    pods = {"matchLabels": selector(spec.name, component)}
+    return _ingress_policy(spec, component, pods, _scrapers(spec, PLANNER_METRICS_PORT))
+
+
+def _scrapers(spec: LLMDeploymentSpec, port: int) -> list[dict[str, Any]]:
+    if spec.pod_monitor is None:
+        return []
+    namespace = {"kubernetes.io/metadata.name": spec.pod_monitor.scraper_namespace}
+    return [
+        {
+            "from": [{"namespaceSelector": {"matchLabels": namespace}}],
+            "ports": [{"protocol": "TCP", "port": port}],
+        }
+    ]
+
+
+def _ingress_policy(
+    spec: LLMDeploymentSpec, component: str, pods: dict[str, Any], ingress: list[dict[str, Any]]
+) -> dict[str, Any]:
+    name, meta = child_name(spec.name, component), labels(spec.name, component)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": {"name": child_name(spec.name, "nodes"), "labels": labels(spec.name, "nodes")},
-        "spec": {"podSelector": _nodes(spec), "policyTypes": ["Ingress"], "ingress": ingress},
+        "metadata": {"name": name, "labels": meta},
+        "spec": {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 

@@ -1,7 +1,9 @@
 """Thin kopf handlers: create, update, resume and a timer all call the one reconcile; a
 watch event of a deleted resource drops what the operator kept for it (its lock, the
 warnings it sent), so a long-lived operator's memory does not grow with every resource it
-ever saw. The event handler adds no finalizer: deletion never waits for the operator.
+ever saw, and one that shows the SLO planner chose another remote-prefill threshold (a
+change of status, which kopf's change handlers ignore) reconciles at once. The event
+handler adds no finalizer: deletion never waits for the operator.
 
 The handlers live in a registry built here and passed to `kopf.run`, not in kopf's global
 default registry, so tests build as many operators as they like. kopf adds its default
@@ -74,6 +76,8 @@ def build_registry(
             uid = body.metadata.uid or ""
             locks.forget(uid)
             reconciler.forget(uid)
+        elif type == "MODIFIED" and reconciler.threshold_changed(_plain(body)):
+            reconcile("planner", body)  # a status change: the spec's handlers miss it
 
     def on_change(body: kopf.Body, reason: str, **_: Any) -> None:
         reconcile(str(getattr(reason, "value", reason)), body)

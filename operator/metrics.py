@@ -23,7 +23,7 @@ from tandem.operator.liveness import Health
 RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # What starts a reconcile (kopf's causes, and the resync timer) and how it ends: every pair
 # is exported from the start, so "Reconcile errors" reads 0, not "No data".
-RECONCILE_TRIGGERS = ("create", "update", "resume", "timer")
+RECONCILE_TRIGGERS = ("create", "update", "resume", "timer", "planner")
 RECONCILE_RESULTS = ("success", "invalid", "error")
 
 

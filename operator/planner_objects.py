@@ -1,5 +1,6 @@
 """The SLO planner's children, rendered with `spec.slo`: its ServiceAccount, Role and
-RoleBinding (access.planner_rules) and its Deployment, all named `<name>-planner`.
+RoleBinding (access.planner_rules), its NetworkPolicy and its Deployment, all named
+`<name>-planner`.
 
 The planner sizes the pools with the simulator, which imports torch; the operator stays
 torch-free, so the planner runs as a pod of its own: one replica of the deployment's image
@@ -15,7 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tandem.operator.access import identity, planner_rules
+from tandem.operator.access import identity, planner_network_policy, planner_rules
 from tandem.operator.hardening import container_security_context, pod_security_context
 from tandem.operator.names import (
     MODEL_DIR,
@@ -42,7 +43,11 @@ def planner_objects(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
     """The planner's identity and Deployment; none without `spec.slo`."""
     if spec.slo is None:
         return []
-    return [*identity(spec, PLANNER, planner_rules(spec)), planner_deployment(spec)]
+    return [
+        *identity(spec, PLANNER, planner_rules(spec)),
+        planner_network_policy(spec, PLANNER),
+        planner_deployment(spec),
+    ]
 
 
 def planner_deployment(spec: LLMDeploymentSpec) -> dict[str, Any]:

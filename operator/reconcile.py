@@ -5,15 +5,16 @@ twice, or after a missed event, or on a timer, converges to the same state. With
 cache, the serving workloads (Deployments and their HPAs) are held back until the cache's
 download Job has completed: no GPU pod waits on a download, and the pods already running
 keep serving the previous revision from its own folder of the claim until then. A pool the
-SLO planner sizes has its replica count handed over before its Deployment is applied
-(replica_handover.py).
+SLO planner or an HPA sizes has its replica count handed over before its Deployment is
+applied (replica_handover.py). Where `spec.slo` lets the planner choose the decode pool's
+remote-prefill threshold, its choice (`status.planner`) is rendered in place of the spec's.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tandem.operator.kinds import CHILD_KINDS, DEPLOYMENT, HPA, JOB, POD, child_kind
@@ -22,6 +23,7 @@ from tandem.operator.model_cache import JOB_NAME_LABEL, CacheProgress, claim_nam
 from tandem.operator.names import DEPLOYMENT_LABEL, FIELD_MANAGER, ROLE_LABEL, child_name
 from tandem.operator.render import active_roles, render_spec
 from tandem.operator.replica_handover import hand_over_replicas
+from tandem.operator.slo import running_threshold
 from tandem.operator.spec import LLMDeploymentSpec, parse
 from tandem.operator.status import (
     ROLE_ORDER,
@@ -57,16 +59,18 @@ class Reconciler:
         self.api = api
         self.now = now
         self._warned: dict[str, set[str]] = {}  # uid -> messages already sent as Events
+        self._chosen: dict[str, Any] = {}  # uid -> the planner's threshold last rendered
 
     def reconcile(self, llmd: dict[str, Any]) -> Outcome:
         """Bring the children of `llmd` to what its spec renders and write its status.
         An invalid spec changes no child: it sets SpecValid=False and emits one Event per
         new message. Raises ApiError when the API server refuses a required call."""
         outcome = Outcome()
+        chosen = _planner_threshold(llmd)  # read before the status is written
         spec: LLMDeploymentSpec | None = None
         cache: CacheProgress | None = None
         try:
-            spec = parse(llmd)
+            spec = _with_planned_threshold(parse(llmd), llmd)
         except ValueError as exc:
             outcome.spec_error = str(exc)
             self._report_invalid(llmd, outcome.spec_error)
@@ -76,7 +80,14 @@ class Reconciler:
         observation = self._observe(llmd, spec, outcome.spec_error, cache)
         outcome.status = compute_status(observation, self.now())
         self.api.apply_status(llmd, outcome.status)
+        self._chosen[llmd["metadata"].get("uid", "")] = chosen
         return outcome
+
+    def threshold_changed(self, llmd: dict[str, Any]) -> bool:
+        """Whether the planner chose another threshold than the one last rendered: a
+        change of status, which the spec's handlers do not see."""
+        uid = llmd["metadata"].get("uid", "")
+        return uid in self._chosen and self._chosen[uid] != _planner_threshold(llmd)
 
     def _converge(
         self, llmd: dict[str, Any], spec: LLMDeploymentSpec, outcome: Outcome
@@ -102,12 +113,13 @@ class Reconciler:
         return cache
 
     def _hand_over(self, spec: LLMDeploymentSpec, objects: list[dict]) -> None:
-        """The replica counts of the pools the SLO planner sizes, before their Deployments
-        are applied without one."""
+        """The replica counts of the pools the SLO planner or an HPA sizes, before their
+        Deployments are applied without one."""
         for obj in objects:
             role = obj["metadata"]["labels"].get(ROLE_LABEL, "")
-            if obj["kind"] == DEPLOYMENT.kind and (bounds := spec.planned(role)) is not None:
-                hand_over_replicas(self.api, obj, bounds.min_replicas)
+            least = _scaled_minimum(spec, role)
+            if obj["kind"] == DEPLOYMENT.kind and least is not None:
+                hand_over_replicas(self.api, obj, least)
 
     def _read_cache(self, spec: LLMDeploymentSpec) -> CacheProgress | None:
         """The download Job as read, with its pods once an attempt failed."""
@@ -205,10 +217,31 @@ class Reconciler:
     def forget(self, uid: str) -> None:
         """Drop what was kept for a deleted resource (the warnings it was sent)."""
         self._warned.pop(uid, None)
+        self._chosen.pop(uid, None)
 
     @property
     def num_warned_resources(self) -> int:
         return len(self._warned)
+
+
+def _scaled_minimum(spec: LLMDeploymentSpec, role: str) -> int | None:
+    """The fewest pods of a pool whose count the planner or an HPA owns; None for a pool of
+    fixed `replicas` (and the router without an HPA)."""
+    if role not in ROLE_ORDER:
+        return None
+    if (bounds := spec.planned(role)) is not None:
+        return bounds.min_replicas
+    scaling = spec.pool(role).scaling
+    return scaling.min_replicas if scaling is not None else None
+
+
+def _with_planned_threshold(spec: LLMDeploymentSpec, llmd: dict[str, Any]) -> LLMDeploymentSpec:
+    threshold = running_threshold(spec.slo, llmd.get("status"), spec.remote_prefill_threshold)
+    return replace(spec, remote_prefill_threshold=threshold)
+
+
+def _planner_threshold(llmd: dict[str, Any]) -> Any:
+    return ((llmd.get("status") or {}).get("planner") or {}).get("remotePrefillThreshold")
 
 
 def _controlled_by(obj: dict[str, Any], uid: str | None) -> bool:

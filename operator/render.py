@@ -38,7 +38,7 @@ def render_spec(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
     """render() of an already parsed spec; never raises."""
     roles = active_roles(spec)
     config = config_data(spec, roles)
-    rev, config_hash = revision(spec), short_hash(config)
+    rev = revision(spec)
     objects = [
         _config_map(spec, config),
         *cache_objects(spec),
@@ -46,7 +46,9 @@ def render_spec(spec: LLMDeploymentSpec) -> list[dict[str, Any]]:
         node_network_policy(spec),
     ]
     for role in roles:
-        objects += _role_objects(spec, role, rev, config_hash)
+        # a role's pods roll when its own file changes, not another role's (the planner's
+        # remote-prefill threshold is the decode pool's alone)
+        objects += _role_objects(spec, role, rev, short_hash(config[f"{role}.json"]))
     objects += planner_objects(spec)
     if spec.pod_monitor is not None:
         objects.append(_pod_monitor(spec))

@@ -1,16 +1,16 @@
-"""The replica count of a pool the SLO planner sizes: its Deployment starts at the pool's
-minReplicas, and the operator's server-side apply then never owns the count, so it never
-undoes the planner's scaling.
+"""The replica count of a pool the SLO planner or an HPA sizes: its Deployment starts at
+the pool's minReplicas, and the operator's server-side apply then never owns the count, so
+it never undoes their scaling.
 
-render() leaves `spec.replicas` out of a planned pool's Deployment. Applied as it is, that
+render() leaves `spec.replicas` out of such a pool's Deployment. Applied as it is, that
 starts a new Deployment at Kubernetes' default of 1, and drops one the operator applied
 with a count before (a fixed pool made planned) to 1: server-side apply removes a field its
 only manager stops applying. So, as Kubernetes documents for handing `replicas` to an
 autoscaler, while the operator's apply owns the count a second field manager,
 HANDOVER_MANAGER, applies the count alone: the live one, or the pool's minReplicas for a
 Deployment created now. The operator's apply without the count then leaves it to that
-manager, until the planner's first scale (an update of the scale subresource) takes it.
-The handover is not forced: where the planner already holds another count, it is refused
+manager, until the planner's or the HPA's first scale (an update of the scale subresource)
+takes it. The handover is not forced: where the planner already holds another count, it is refused
 (409) and nothing changes.
 """
 

@@ -8,12 +8,19 @@ requests meet both their time-to-first-token (`ttftMs`) and time-per-output-toke
 targets. It scales a pool down only once the smaller size has held for `scaleDownWindow`,
 and changes nothing for `cooldown` after a change. A pool has one owner of its count: the
 planner or `spec.autoscaling.<pool>`'s HPA, never both.
+
+With `remotePrefillThresholds` the planner also chooses the decode pool's remote-prefill
+threshold among them and writes its choice to `status.planner.remotePrefillThreshold`; the
+operator renders that in place of `spec.disaggregation.remotePrefillThreshold`
+(`running_threshold`), which rolls the decode pods.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tandem.operator.reader import Reader
 
@@ -25,6 +32,7 @@ PROFILES = ("h100", "h200", "cpu")  # the simulator's shipped hardware profiles
 DURATION = r"[0-9]+(ms|s|m|h)"
 UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 MIN_INTERVAL_S = 5.0  # a replay of the traffic window per pass: not a busy loop
+MAX_THRESHOLDS = 8  # each is a search of its own per pass
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class SLOSpec:
     decode: PoolBounds | None = None
     profile: str | None = None
     model: str | None = None
+    remote_prefill_thresholds: tuple[int, ...] = ()
 
     def bounds(self, role: str) -> PoolBounds | None:
         """The bounds of `role`'s pool; None for the router and for a pool not planned."""
@@ -73,11 +82,23 @@ def read_slo(spec: Reader) -> SLOSpec | None:
         decode=_bounds(slo, "decode"),
         profile=simulator.string("profile", default=None, choices=PROFILES),
         model=simulator.string("model", default=None, min_length=1),
+        remote_prefill_thresholds=_thresholds(slo),
     )
     if parsed.prefill is None and parsed.decode is None:
         raise slo.error("give the bounds of the pools to plan: prefill, decode or both")
     _check_one_owner(slo, spec.child("autoscaling"))
     return parsed
+
+
+def running_threshold(slo: SLOSpec | None, status: Mapping[str, Any] | None, declared: int) -> int:
+    """The decode pool's remote-prefill threshold: the planner's choice in
+    `status.planner.remotePrefillThreshold` where `spec.slo` lets it choose and the choice is
+    one it may make, else `declared` (`spec.disaggregation`'s)."""
+    if slo is None or not slo.remote_prefill_thresholds:
+        return declared
+    chosen = ((status or {}).get("planner") or {}).get("remotePrefillThreshold")
+    allowed = (declared, *slo.remote_prefill_thresholds)
+    return chosen if type(chosen) is int and chosen in allowed else declared
 
 
 def duration_s(text: str) -> float:
@@ -91,6 +112,22 @@ def _seconds(slo: Reader, key: str, default: str, minimum_s: float) -> float:
     if duration_s(text) < minimum_s:
         raise slo.error(f"must be at least {minimum_s:g}s, got {text!r}", key)
     return duration_s(text)
+
+
+def _thresholds(slo: Reader) -> tuple[int, ...]:
+    values = slo.sequence("remotePrefillThresholds")
+    if len(values) > MAX_THRESHOLDS:
+        raise slo.error(
+            f"at most {MAX_THRESHOLDS} thresholds, got {len(values)}", "remotePrefillThresholds"
+        )
+    for value in values:
+        if type(value) is not int or value < 0:
+            raise slo.error(
+                f"thresholds are integers >= 0, got {value!r}", "remotePrefillThresholds"
+            )
+    if len(set(values)) != len(values):
+        raise slo.error("thresholds must differ", "remotePrefillThresholds")
+    return tuple(sorted(values))
 
 
 def _bounds(slo: Reader, role: str) -> PoolBounds | None:

@@ -1,5 +1,6 @@
 """The cheapest prefill:decode replica counts that meet the SLOs (`LayoutSearch`), within
-each pool's bounds, with the pools' TP sizes and the rest of the deployment fixed.
+each pool's bounds and at one remote-prefill threshold, with the pools' TP sizes and the
+rest of the deployment fixed.
 
 `tandem plan` tries every layout of every device count; the planner must answer within
 seconds, every interval, so it prunes (docs/autoscaling.md):
@@ -12,7 +13,9 @@ seconds, every interval, so it prunes (docs/autoscaling.md):
 - **cost bounds**: prefill counts stop where even the fewest decode replicas cost more
   than the best layout found;
 - **losers stop early**: a simulation ends as soon as its SLOs are lost (`SLOWatch`);
-- **memo**: a layout is simulated once per search.
+- **memo**: a layout is simulated once per search;
+- **a ceiling on devices**: the search at another threshold looks only for layouts cheaper
+  than the best found at the running one (`max_devices`).
 """
 
 from __future__ import annotations
@@ -42,8 +45,11 @@ class Bounds:
 
 @dataclass(frozen=True)
 class Layout:
+    """Replicas per pool, and the decode pool's remote-prefill threshold (prompt tokens)."""
+
     prefill: int
     decode: int
+    threshold: int = 0
 
 
 @dataclass(frozen=True)
@@ -86,19 +92,34 @@ class LayoutSearch:
         self._memo[layout] = self._simulate(layout, whole)
         return self._memo[layout][0]
 
-    def cheapest(self, prefill: Bounds, decode: Bounds) -> Prediction | None:
-        """The layout within the bounds that meets the SLOs on the fewest devices (the
-        higher attainment between equals); None when even the largest does not."""
+    def cheapest(
+        self,
+        prefill: Bounds,
+        decode: Bounds,
+        threshold: int | None = None,
+        max_devices: int | None = None,
+    ) -> Prediction | None:
+        """The layout within the bounds, at `threshold` (the base's by default) and on at
+        most `max_devices`, that meets the SLOs on the fewest devices (the higher attainment
+        between equals); None when even the largest does not."""
+        t = self.base.remote_prefill_threshold if threshold is None else threshold
         best: Prediction | None = None
         ceiling = decode.max_replicas
         for p in range(prefill.min_replicas, prefill.max_replicas + 1):
-            if best is not None and self._devices(Layout(p, decode.min_replicas)) > best.devices:
+            cheapest = self._devices(Layout(p, decode.min_replicas))
+            if best is not None and cheapest > best.devices:
                 break
-            d = self._fewest_decode(p, decode.min_replicas, ceiling)
+            if max_devices is not None:
+                if cheapest > max_devices:
+                    break
+                ceiling = min(
+                    ceiling, (max_devices - p * self.base.tp_prefill) // self.base.tp_decode
+                )
+            d = self._fewest_decode(p, t, decode.min_replicas, ceiling)
             if d is None:
                 continue
             ceiling = d
-            found = self.predict(Layout(p, d))
+            found = self.predict(Layout(p, d, t))
             if best is None or (found.devices, -(found.attained or 0)) < (
                 best.devices,
                 -(best.attained or 0),
@@ -106,13 +127,13 @@ class LayoutSearch:
                 best = found
         return best
 
-    def _fewest_decode(self, p: int, lo: int, hi: int) -> int | None:
+    def _fewest_decode(self, p: int, t: int, lo: int, hi: int) -> int | None:
         lo = max(lo, 1)
-        if hi < lo or not self.predict(Layout(p, hi)).meets:
+        if hi < lo or not self.predict(Layout(p, hi, t)).meets:
             return None
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.predict(Layout(p, mid)).meets:
+            if self.predict(Layout(p, mid, t)).meets:
                 hi = mid
             else:
                 lo = mid + 1
@@ -125,7 +146,10 @@ class LayoutSearch:
         start = time.perf_counter()
         self.simulations += 1
         try:
-            config = replace(self.base, num_prefill=layout.prefill, num_decode=layout.decode)
+            config = replace(
+                self.base, num_prefill=layout.prefill, num_decode=layout.decode,
+                remote_prefill_threshold=layout.threshold,
+            )  # fmt: skip
             s = simulate(
                 config, self.shape, self.profile, self.requests, self.slo,
                 attainment=None if whole else self.attainment,

@@ -5,7 +5,9 @@
     -> `status.planner` (server-side apply as `tandem-planner`) -> the planner's metrics
 
 A pool `spec.slo` does not plan is never written, and its live count is its bounds (an
-HPA may be scaling it). A failure of one interval (a bad spec, no model shape, the API
+HPA may be scaling it). Where `spec.slo` lists remote-prefill thresholds, the running one is
+the last written to `status.planner` (which the operator renders), and a new choice is
+written there. A failure of one interval (a bad spec, no model shape, the API
 server away) is counted and logged, and the next interval tries again.
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 from tandem.operator.kinds import DEPLOYMENT, LLM_DEPLOYMENT
 from tandem.operator.kube import ApiError, KubeApi, utc_now
 from tandem.operator.names import child_name
+from tandem.operator.slo import running_threshold
 from tandem.operator.spec import LLMDeploymentSpec, parse
 from tandem.planner.layout_search import Bounds, Layout
 from tandem.planner.metrics import PlannerMetrics
@@ -84,7 +87,7 @@ class PlannerLoop:
         if last is None:
             return None
         traffic = window(last[1], scrapes, now - last[0], spec.engine.block_size)
-        current = self._current()
+        current = self._current(llmd, spec)
         decision = self._planner_for(spec, current).decide(now, current, traffic)
         self._apply(llmd, spec, decision)
         return decision
@@ -134,12 +137,13 @@ class PlannerLoop:
         self.planner.settings = s
         return self.planner
 
-    def _current(self) -> Layout:
+    def _current(self, llmd: dict[str, Any], spec: LLMDeploymentSpec) -> Layout:
         counts = {
             pool: self.api.scale(DEPLOYMENT, self.namespace, child_name(self.name, pool)) or 0
             for pool in POOLS
         }
-        return Layout(**counts)
+        threshold = running_threshold(spec.slo, llmd.get("status"), spec.remote_prefill_threshold)
+        return Layout(**counts, threshold=threshold)
 
     def _apply(self, llmd: dict[str, Any], spec: LLMDeploymentSpec, d: Decision) -> None:
         assert spec.slo is not None
@@ -155,6 +159,8 @@ class PlannerLoop:
         assert self.planner is not None
         self.metrics.observe(d, self.planner.correction.scales)
         status = d.as_status()
+        if spec.slo.remote_prefill_thresholds:
+            status["remotePrefillThreshold"] = d.target.threshold
         if self._last_change is not None:
             status["lastChange"] = self._last_change
         self.api.apply_status(llmd, {"planner": status}, manager=MANAGER)

@@ -1,5 +1,6 @@
 """The planner's own Prometheus metrics: its inputs (request rate, measured attainment), its
-outputs (replicas current and desired per pool, predicted attainment), how far the
+outputs (replicas current and desired per pool, the remote-prefill threshold, predicted
+attainment), how far the
 simulator was from the measurements, the step scales it learnt, its decision time, its
 scalings and its failures. Labels `deployment` (the LLMDeployment), `pool`."""
 
@@ -28,6 +29,11 @@ class PlannerMetrics:
             "`source` measured (the routers, last interval), predicted (the desired layout, "
             "simulated) or current (the current layout, simulated).",
             (*labels, "source"), registry=r,
+        )  # fmt: skip
+        self.threshold = Gauge(
+            "tandem_planner_remote_prefill_threshold", "The decode pool's remote-prefill "
+            "threshold in prompt tokens: `state` current or desired.", (*labels, "state"),
+            registry=r,
         )  # fmt: skip
         self.rate = Gauge(
             "tandem_planner_request_rate", "Requests per second the routers received in the "
@@ -67,6 +73,8 @@ class PlannerMetrics:
             if desired != current:
                 direction = "up" if desired > current else "down"
                 self.scalings.labels(**self._labels, pool=pool, direction=direction).inc()
+        self.threshold.labels(**self._labels, state="current").set(d.current.threshold)
+        self.threshold.labels(**self._labels, state="desired").set(d.target.threshold)
         sources = {"measured": d.measured_attainment, "predicted": d.predicted_attainment,
                    "current": d.current_attainment}  # fmt: skip
         for source, value in sources.items():

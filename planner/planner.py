@@ -3,8 +3,11 @@ replica counts to set out, with the reason and the figures behind it (`Decision`
 
     traffic -> a workload like it (`observed_workload`)
             -> the current layout simulated; the step model corrected by what was measured
-            -> the cheapest layout within the bounds that meets the SLOs (`LayoutSearch`)
-            -> stabilized (`Stabilizer`): up at once, down after the window
+            -> the cheapest layout within the bounds that meets the SLOs (`LayoutSearch`),
+               at the running remote-prefill threshold, then only cheaper ones at each
+               other threshold the settings allow
+            -> stabilized (`Stabilizer`): up at once, down after the window; another
+               threshold once it has been planned for a whole window
 
 With too few finished requests to model (an idle deployment), the plan is each pool's
 minimum, which the stabilizer reaches only once the window has been idle throughout.
@@ -36,7 +39,8 @@ class PlannerSettings:
     measured rate, at least `num_requests` and at most `max_requests` requests (a span
     short of that fills no batch and builds no queue: the simulated day of
     docs/autoscaling.md). `min_finished`: fewer finished requests in an interval plan the
-    minimum."""
+    minimum. `thresholds`: the remote-prefill thresholds it may choose besides the running
+    one (none: it keeps the running one)."""
 
     slo: SLO
     attainment: float
@@ -50,6 +54,7 @@ class PlannerSettings:
     max_requests: int = 2000
     min_finished: int = 10
     seed: int = 0
+    thresholds: tuple[int, ...] = ()
 
     def workload_size(self, rate_rps: float) -> int:
         """Requests in the simulated workload at `rate_rps`."""
@@ -106,11 +111,11 @@ class Planner:
         start = time.perf_counter()
         measured = traffic.attainment(s.slo.ttft_s, s.slo.tpot_s)
         if traffic.finished < s.min_finished:
-            planned = Layout(s.prefill.min_replicas, s.decode.min_replicas)
+            planned = Layout(s.prefill.min_replicas, s.decode.min_replicas, current.threshold)
             target = self.stabilizer.settle(now_s, current, planned)
             idle = (f"{traffic.finished:.0f} requests finished in the interval (fewer than "
-                    f"{s.min_finished}): planned the minimum {_layout(planned)}")  # fmt: skip
-            why = _outcome(idle, current, target, planned)
+                    f"{s.min_finished}): planned the minimum {self._layout(planned)}")  # fmt: skip
+            why = self._outcome(idle, current, target, planned)
             return Decision(current, planned, target, why, None, measured, None,
                             traffic.rate_rps, time.perf_counter() - start, 0)  # fmt: skip
         size = s.workload_size(traffic.rate_rps)
@@ -124,19 +129,21 @@ class Planner:
             "ttft", traffic.histograms[TTFT].quantile(0.5), now.ttft_p50_s, learn
         )
         search = self._search(requests)
-        best = search.cheapest(s.prefill, s.decode)
-        planned = best.layout if best else Layout(s.prefill.max_replicas, s.decode.max_replicas)
-        why = _reason(best, planned, s.attainment)
+        best = self._cheapest(search, current.threshold)
+        top = Layout(s.prefill.max_replicas, s.decode.max_replicas, current.threshold)
+        planned = best.layout if best else top
+        why = self._reason(best, planned, s.attainment)
         lower = planned.prefill < current.prefill or planned.decode < current.decode
         if measured is not None and measured < s.attainment and lower:
             # the simulator says fewer would do while the routers measure the target missed
             planned = Layout(
-                max(planned.prefill, current.prefill), max(planned.decode, current.decode)
-            )
+                max(planned.prefill, current.prefill), max(planned.decode, current.decode),
+                planned.threshold,
+            )  # fmt: skip
             why += f"; the routers measured {measured:.0%}: no scale-down"
         target = self.stabilizer.settle(now_s, current, planned)
         return Decision(
-            current, planned, target, _outcome(why, current, target, planned),
+            current, planned, target, self._outcome(why, current, target, planned),
             best.attained if best else None, measured, now.attained, traffic.rate_rps,
             time.perf_counter() - start, search.simulations + 1, dict(self.correction.errors),
         )  # fmt: skip
@@ -146,24 +153,37 @@ class Planner:
         profile = self.correction.apply(s.profile)
         return LayoutSearch(s.base, s.shape, profile, requests, s.slo, s.attainment)
 
+    def _cheapest(self, search: LayoutSearch, running: int) -> Prediction | None:
+        """The cheapest layout at the running threshold, unless another threshold allowed
+        meets the SLOs on fewer devices (each searched only below the best so far)."""
+        s = self.settings
+        best = search.cheapest(s.prefill, s.decode, running)
+        for threshold in s.thresholds:
+            if threshold == running:
+                continue
+            ceiling = None if best is None else best.devices - 1
+            found = search.cheapest(s.prefill, s.decode, threshold, ceiling)
+            if found is not None and (best is None or found.devices < best.devices):
+                best = found
+        return best
 
-def _reason(best: Prediction | None, planned: Layout, wanted: float) -> str:
-    plan = _layout(planned)
-    if best is None:
-        return f"no layout within the bounds meets {wanted:.0%} of requests: planned {plan}"
-    return f"{plan} is the cheapest to meet the SLOs ({best.attained:.0%} predicted)"
+    def _reason(self, best: Prediction | None, planned: Layout, wanted: float) -> str:
+        plan = self._layout(planned)
+        if best is None:
+            return f"no layout within the bounds meets {wanted:.0%} of requests: planned {plan}"
+        return f"{plan} is the cheapest to meet the SLOs ({best.attained:.0%} predicted)"
 
+    def _outcome(self, found: str, current: Layout, target: Layout, planned: Layout) -> str:
+        """`found`, then what it changes: "a -> b", or why nothing changes."""
+        if target == current:
+            held = " (held: scale-down window or cooldown)" if planned != current else ""
+            return f"{found}; stays at {self._layout(current)}{held}"
+        return f"{found}; {self._layout(current)} -> {self._layout(target)}"
 
-def _outcome(found: str, current: Layout, target: Layout, planned: Layout) -> str:
-    """`found`, then what it changes: "a -> b", or why nothing changes."""
-    if target == current:
-        held = " (held: scale-down window or cooldown)" if planned != current else ""
-        return f"{found}; stays at {_layout(current)}{held}"
-    return f"{found}; {_layout(current)} -> {_layout(target)}"
-
-
-def _layout(layout: Layout) -> str:
-    return f"{layout.prefill}P+{layout.decode}D"
+    def _layout(self, layout: Layout) -> str:
+        """ "2P+1D", with the threshold where the planner chooses it: "2P+1D@512"."""
+        counts = f"{layout.prefill}P+{layout.decode}D"
+        return f"{counts}@{layout.threshold}" if self.settings.thresholds else counts
 
 
 def _rounded(x: float | None) -> float | None:

@@ -49,7 +49,15 @@ def planner_settings(
         ),
         shape=shape,
         profile=profile,
+        thresholds=_thresholds(spec),
     )
+
+
+def _thresholds(spec: LLMDeploymentSpec) -> tuple[int, ...]:
+    """What the planner may choose among: none unless `spec.slo` lists some; then those and
+    the spec's own (where it starts)."""
+    listed = spec.slo.remote_prefill_thresholds if spec.slo is not None else ()
+    return tuple(sorted({spec.remote_prefill_threshold, *listed})) if listed else ()
 
 
 def model_shape(spec: LLMDeploymentSpec) -> ModelShape:

@@ -32,6 +32,9 @@ class RecordingReconciler:
     def forget(self, uid: str) -> None:
         pass
 
+    def threshold_changed(self, llmd: dict) -> bool:
+        return False
+
 
 def wiring(reconciler):
     metrics = OperatorMetrics(CollectorRegistry())
@@ -145,3 +148,25 @@ def test_a_deleted_resource_leaves_no_lock_and_no_warning_behind():
         assert len(locks) == 1 and reconciler.num_warned_resources == 1
         watch.fn(type="DELETED", body=kopf.Body(llmd))
         assert len(locks) == 0 and reconciler.num_warned_resources == 0
+
+
+def test_a_new_threshold_in_the_planners_status_reconciles_at_once():
+    """kopf's change handlers see the spec, not the status: the watch handler reconciles
+    when the planner's chosen remote-prefill threshold differs from the one rendered, and
+    only then (the operator's own status writes are watch events too)."""
+    api = FakeApi()
+    reconciler = Reconciler(api, now=lambda: "2026-11-28T10:00:00Z")
+    registry, metrics = wiring(reconciler)
+    llmd = example("slo")
+    llmd["spec"]["slo"]["remotePrefillThresholds"] = [0, 1024]
+    reconciler.reconcile(llmd)
+    (watch,) = registry._watching.get_all_handlers()
+    watch.fn(type="MODIFIED", body=kopf.Body(llmd))
+    planner_runs = {"trigger": "planner", "result": "success"}
+    assert sample(metrics, "tandem_operator_reconciles_total", **planner_runs) == 0
+    llmd["status"] = {"planner": {"remotePrefillThreshold": 1024}}
+    watch.fn(type="MODIFIED", body=kopf.Body(llmd))
+    watch.fn(type="MODIFIED", body=kopf.Body(llmd))
+    assert sample(metrics, "tandem_operator_reconciles_total", **planner_runs) == 1
+    config = api.objects[("ConfigMap", "inference", "llama-config")]
+    assert '"remote-prefill-threshold": 1024' in config["data"]["decode.json"]

@@ -38,8 +38,9 @@ def test_the_slo_example_renders_the_planner_and_its_identity():
     objects = by_key(render(example("slo")))
     planner_keys = sorted(key for key in objects if key[1] == "llama-planner")
     assert planner_keys == [
-        ("Deployment", "llama-planner"), ("Role", "llama-planner"),
-        ("RoleBinding", "llama-planner"), ("ServiceAccount", "llama-planner"),
+        ("Deployment", "llama-planner"), ("NetworkPolicy", "llama-planner"),
+        ("Role", "llama-planner"), ("RoleBinding", "llama-planner"),
+        ("ServiceAccount", "llama-planner"),
     ]  # fmt: skip
     binding = objects[("RoleBinding", "llama-planner")]
     assert binding["subjects"] == [
@@ -177,3 +178,21 @@ def test_the_pod_monitor_scrapes_the_planner_on_its_metrics_port():
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     ports = {p["name"] for p in template["spec"]["containers"][0]["ports"]}
     assert scraped_port(monitor["spec"]["podMetricsEndpoints"], labels, ports) == "metrics"
+
+
+def test_only_the_scrapers_reach_the_planner_and_only_its_metrics_port():
+    llmd = example("slo")
+    objects = by_key(render(llmd))
+    policy = objects[("NetworkPolicy", "llama-planner")]["spec"]
+    pod = objects[("Deployment", "llama-planner")]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod.items()
+    nodes = objects[("Deployment", "llama-decode")]["spec"]["template"]["metadata"]["labels"]
+    assert not policy["podSelector"]["matchLabels"].items() <= nodes.items()
+    ((rule),) = policy["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": llmd["spec"]["monitoring"]["podMonitor"].get(
+            "scraperNamespace", "monitoring")}}}]  # fmt: skip
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9090}]
+    del llmd["spec"]["monitoring"]
+    quiet = by_key(render(llmd))[("NetworkPolicy", "llama-planner")]["spec"]
+    assert quiet["ingress"] == [] and quiet["policyTypes"] == ["Ingress"]  # nobody

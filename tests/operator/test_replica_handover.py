@@ -1,8 +1,8 @@
-"""A planned pool's replica count: created at the pool's minReplicas, handed to a manager of
-its own before the operator applies the Deployment without it, so that the count survives a
-fixed pool made planned, and the planner's scaling survives every reconcile. The fake API
-models server-side apply's ownership of `spec.replicas` (checked against a real API server
-too: docs/kubernetes.md "SLO autoscaling")."""
+"""A planned (or HPA-scaled) pool's replica count: created at the pool's minReplicas, handed
+to a manager of its own before the operator applies the Deployment without it, so that the
+count survives a fixed pool made planned, and the planner's scaling survives every
+reconcile. The fake API models server-side apply's ownership of `spec.replicas` (checked
+against a real API server too: docs/kubernetes.md "SLO autoscaling")."""
 
 from __future__ import annotations
 
@@ -116,3 +116,18 @@ def test_the_handover_applies_the_count_alone():
     reconcile(api, llmd)
     template = api.objects[("Deployment", "default", "llama-decode")]["spec"]["template"]
     assert template == rendered(llmd, "decode")["spec"]["template"]
+
+
+def test_an_hpa_pool_starts_at_its_minimum_and_a_fixed_pool_made_autoscaled_keeps_its_count():
+    """The HPA's pools get the same handover: created at minReplicas rather than 1 (which
+    the HPA would raise again a sync later), and a fixed count kept rather than dropped."""
+    api, llmd = FakeApi(), example("minimal")
+    llmd["spec"]["autoscaling"] = {"prefill": {"minReplicas": 3, "maxReplicas": 6}}
+    llmd["spec"]["decode"] = {"replicas": 4}
+    reconcile(api, llmd)
+    assert pool(api, "prefill") == (3, {HANDOVER_MANAGER: "Apply"})
+    assert pool(api, "decode") == (4, {FIELD_MANAGER: "Apply"})
+    llmd["spec"]["autoscaling"]["decode"] = {"minReplicas": 1, "maxReplicas": 8}
+    reconcile(api, llmd)
+    assert pool(api, "decode") == (4, {HANDOVER_MANAGER: "Apply"})
+    assert pool(api, "router") == (1, {FIELD_MANAGER: "Apply"})

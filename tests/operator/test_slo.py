@@ -5,12 +5,13 @@ reconcile the way every invalid spec is (SpecValid False, one Warning Event)."""
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
 from tandem.operator.reconcile import Reconciler
 from tandem.operator.render import render
-from tandem.operator.slo import PoolBounds, SLOSpec
+from tandem.operator.slo import PoolBounds, SLOSpec, running_threshold
 from tandem.operator.spec import parse
 from tests.operator.crd_schema import example, validate, with_defaults
 from tests.operator.fake_api import FakeApi
@@ -41,12 +42,13 @@ def test_every_field():
         "scaleDownWindow": "0s", "cooldown": "1500ms",
         "prefill": {"maxReplicas": 4}, "decode": {"minReplicas": 2, "maxReplicas": 16},
         "simulator": {"profile": "h100", "model": "/models/llama-3.1-8b-instruct"},
+        "remotePrefillThresholds": [2048, 0, 512],
     }  # fmt: skip
     parsed = parse(with_slo(slo)).slo
     assert parsed == SLOSpec(
         ttft_s=0.2505, tpot_s=0.02, attainment=1.0, interval_s=120.0, scale_down_window_s=0.0,
         cooldown_s=1.5, prefill=PoolBounds(0, 4), decode=PoolBounds(2, 16), profile="h100",
-        model="/models/llama-3.1-8b-instruct",
+        model="/models/llama-3.1-8b-instruct", remote_prefill_thresholds=(0, 512, 2048),
     )  # fmt: skip
     spec = parse(with_slo(slo))
     assert spec.planned("prefill") == PoolBounds(0, 4) == parsed.prefill
@@ -80,6 +82,13 @@ def test_every_field():
          "spec.slo.prefill.minReplicas: must be at least 0"),
         ({"simulator": {"profile": "a100"}}, "spec.slo.simulator.profile: must be one of"),
         ({"simulator": {"model": ""}}, "spec.slo.simulator.model: must not be empty"),
+        ({"remotePrefillThresholds": [0, -1]},
+         "spec.slo.remotePrefillThresholds: thresholds are integers >= 0, got -1"),
+        ({"remotePrefillThresholds": [512, 512]},
+         "spec.slo.remotePrefillThresholds: thresholds must differ"),
+        ({"remotePrefillThresholds": list(range(9))},
+         "spec.slo.remotePrefillThresholds: at most 8 thresholds, got 9"),
+        ({"remotePrefillThresholds": 512}, "spec.slo.remotePrefillThresholds: must be a list"),
     ],
 )  # fmt: skip
 def test_a_refusal_names_its_field(edit, error):
@@ -101,6 +110,8 @@ def test_a_refusal_names_its_field(edit, error):
         ({"prefill": {"maxReplicas": 0}}, "spec.slo.prefill.maxReplicas"),
         ({"simulator": {"profile": "a100"}}, "spec.slo.simulator.profile"),
         ({"simulator": {"gpu": "h100"}}, "'gpu' was unexpected"),
+        ({"remotePrefillThresholds": [0, -1]}, "spec.slo.remotePrefillThresholds.1: -1 is less"),
+        ({"remotePrefillThresholds": list(range(9))}, "is too long"),
     ],
 )  # fmt: skip
 def test_the_crd_refuses_the_same(edit, error):
@@ -168,7 +179,8 @@ def test_the_crd_keeps_the_planners_status():
         "prefill": {"current": 0, "desired": 1}, "decode": {"current": 2, "desired": 3},
         "predictedAttainment": 0.94, "measuredAttainment": 0.88, "requestRate": 12.5,
         "reason": "tpot over target", "searchSeconds": 1.2,
-        "lastChange": "2026-11-21T10:00:00Z", "window": "5m"}}  # fmt: skip
+        "lastChange": "2026-11-21T10:00:00Z", "window": "5m",
+        "remotePrefillThreshold": 512}}  # fmt: skip
     assert validate(llmd) == []
     llmd["status"]["plan"] = {}
     assert any("'plan' was unexpected" in e for e in validate(llmd))
@@ -195,3 +207,57 @@ def test_the_grace_lets_the_longest_request_within_the_slo_finish(slo, max_len, 
     assert pools and all(
         d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace for d in pools
     )
+
+
+@pytest.mark.parametrize(
+    ("listed", "chosen", "running"),
+    [
+        ([], 512, 256),  # the planner may not choose: the spec's
+        ([0, 512], 512, 512),  # its choice, among those listed
+        ([0, 512], None, 256),  # not chosen yet: the spec's, where it starts
+        ([0, 512], 1024, 256),  # not listed (an old choice, a hand edit): the spec's
+        ([0, 512], 256, 256),  # the spec's own is always allowed
+        ([0, 512], True, 256),  # not a number
+    ],
+)
+def test_the_running_threshold_is_the_planners_choice_only_among_those_listed(
+    listed, chosen, running
+):
+    llmd = with_slo({**SLO, "remotePrefillThresholds": listed})
+    llmd["spec"]["disaggregation"] = {"remotePrefillThreshold": 256}
+    status = {"planner": {"remotePrefillThreshold": chosen}}
+    spec = parse(llmd)
+    assert running_threshold(spec.slo, status, spec.remote_prefill_threshold) == running
+
+
+def decode_flags(api: FakeApi) -> dict:
+    (config,) = [obj for (kind, _, _), obj in api.objects.items() if kind == "ConfigMap"]
+    return json.loads(config["data"]["decode.json"])
+
+
+def pod_hashes(api: FakeApi) -> dict[str, str]:
+    return {
+        name: obj["spec"]["template"]["metadata"]["annotations"]["tandem.dev/config-hash"]
+        for (kind, _, name), obj in api.objects.items()
+        if kind == "Deployment" and not name.endswith("planner")
+    }
+
+
+def test_the_planners_threshold_is_rendered_and_rolls_the_decode_pods_alone():
+    api = FakeApi()
+    llmd = with_slo({**SLO, "prefill": {"maxReplicas": 2}, "remotePrefillThresholds": [0, 512]})
+    run = Reconciler(api, now=lambda: "2026-11-28T10:00:00Z")
+    run.reconcile(llmd)
+    assert decode_flags(api)["remote-prefill-threshold"] == 0
+    before = pod_hashes(api)
+    assert not run.threshold_changed(llmd)
+    llmd["status"] = {"planner": {"remotePrefillThreshold": 512}}
+    assert run.threshold_changed(llmd)  # the handler reconciles on this status change
+    run.reconcile(copy.deepcopy(llmd))  # (the fake writes the status into what it is given)
+    assert not run.threshold_changed(llmd)
+    assert decode_flags(api)["remote-prefill-threshold"] == 512
+    after = pod_hashes(api)
+    assert after["llama-decode"] != before["llama-decode"]
+    assert {k: v for k, v in after.items() if k != "llama-decode"} == {
+        k: v for k, v in before.items() if k != "llama-decode"
+    }

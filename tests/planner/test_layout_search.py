@@ -68,3 +68,15 @@ def test_a_layout_whose_model_does_not_fit_does_not_meet():
     s = LayoutSearch(tiny, SHAPES["llama-3-70b"], H100, search(5.0).requests, SLOS, 0.9)
     assert not s.predict(Layout(0, 1)).meets
     assert s.cheapest(Bounds(0, 0), Bounds(1, 2)) is None
+
+
+def test_a_search_at_a_threshold_simulates_it_and_a_ceiling_bounds_its_devices():
+    s = search(20.0)
+    remote = s.predict(Layout(1, 1, 0), whole=True)
+    local = s.predict(Layout(1, 1, 10**6), whole=True)  # no prompt reaches it: all local
+    assert remote.ttft_p50_s != local.ttft_p50_s
+    found = s.cheapest(Bounds(1, 2), DECODE, threshold=10**6)
+    assert found is not None and found.layout.threshold == 10**6
+    assert s.cheapest(Bounds(1, 2), DECODE, threshold=10**6, max_devices=found.devices - 1) is None
+    capped = search(60.0).cheapest(PREFILL, DECODE, max_devices=3)
+    assert capped is None or capped.devices <= 3

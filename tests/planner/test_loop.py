@@ -6,6 +6,7 @@ plans, says why in an Event and in `status.planner`, and survives every failure.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -153,3 +154,25 @@ def test_failures_are_counted_and_the_next_interval_goes_on():
     clock.now = 60.0
     interval(router, 60, 30.0)
     assert loop.tick() is not None
+
+
+def test_a_listed_threshold_is_chosen_written_to_the_status_and_read_back_as_running():
+    slo = {**SLO, "scaleDownWindow": "0s", "prefill": {"minReplicas": 1, "maxReplicas": 1},
+           "remotePrefillThresholds": [1024]}  # fmt: skip
+    api, clock, router, loop = setup(slo)
+    loop.tick()
+    loop.planner.settings = replace(loop.planner.settings, max_requests=300)  # a faster test
+    clock.now = 30.0
+    interval(router, 900, 30.0, ttft=3.0)  # 30 req/s: one prefill pod needs help
+    decision = loop.tick()
+    assert decision.current.threshold == 0 and decision.target.threshold == 1024
+    assert api.status["planner"]["remotePrefillThreshold"] == 1024
+    assert "@1024" in api.events[-1][2]
+    assert validate({**example("minimal"), "status": api.status}) == []
+    text = generate_latest(loop.metrics.registry).decode()
+    assert metric_value(text, "tandem_planner_remote_prefill_threshold", state="desired") == 1024
+    live = api.objects[("LLMDeployment", "default", "llama")]
+    live["status"] = copy.deepcopy(api.status)
+    clock.now = 60.0
+    interval(router, 900, 30.0)
+    assert loop.tick().current.threshold == 1024  # what the operator now renders

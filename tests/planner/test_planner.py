@@ -92,3 +92,23 @@ def test_the_modelled_workload_spans_the_horizon_within_its_bounds():
     assert settings.workload_size(0.5) == 80  # the least (num_requests)
     assert settings.workload_size(10.0) == 600  # 60 s of traffic
     assert settings.workload_size(100.0) == 2000  # the most
+
+
+def test_a_pinned_prefill_pool_is_relieved_by_a_threshold_once_it_has_held_a_window():
+    """30 req/s with one prefill pod (its bounds 1..1): at threshold 0 every prompt queues
+    on it and no decode count helps; at 1,024 the shorter prompts prefill on decode and
+    1P+1D meets the SLOs. The planner finds that and changes the threshold only after a
+    window of the same plan."""
+    pinned = replace(SETTINGS, prefill=Bounds(1, 1), thresholds=(0, 1024))
+    planner = Planner(pinned, Stabilizer(down_window_s=60.0, cooldown_s=0.0))
+    router = Router("r")
+    first = planner.decide(0.0, Layout(1, 4, 0), interval(router, 900, 30.0, ttft=3.0))
+    # the cheapest is 1P+1D@1024; the routers measured every request late: decode kept
+    assert first.planned == Layout(1, 4, 1024) and first.predicted_attainment >= 0.9
+    assert first.target == Layout(1, 4, 0)  # held: the threshold's window
+    assert "1P+1D@1024 is the cheapest" in first.reason and "held" in first.reason
+    later = planner.decide(60.0, first.target, interval(router, 900, 30.0, ttft=3.0))
+    assert later.target == Layout(1, 4, 1024)  # the threshold now; decode still measured late
+    alone = replace(pinned, thresholds=())
+    stuck = Planner(alone).decide(0.0, Layout(1, 4, 0), interval(Router("r"), 900, 30.0, 3.0))
+    assert stuck.planned == Layout(1, 4, 0) and "no layout within the bounds" in stuck.reason
