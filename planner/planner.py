@@ -6,6 +6,8 @@ replica counts to set out, with the reason and the figures behind it (`Decision`
             -> the cheapest layout within the bounds that meets the SLOs (`LayoutSearch`),
                at the running remote-prefill threshold, then only cheaper ones at each
                other threshold the settings allow
+            -> never below the current layout while the routers measure the target missed,
+               and a pod more for each missed target where the simulator disagrees
             -> stabilized (`Stabilizer`): up at once, down after the window; another
                threshold once it has been planned for a whole window
 
@@ -133,14 +135,12 @@ class Planner:
         top = Layout(s.prefill.max_replicas, s.decode.max_replicas, current.threshold)
         planned = best.layout if best else top
         why = self._reason(best, planned, s.attainment)
-        lower = planned.prefill < current.prefill or planned.decode < current.decode
-        if measured is not None and measured < s.attainment and lower:
-            # the simulator says fewer would do while the routers measure the target missed
-            planned = Layout(
-                max(planned.prefill, current.prefill), max(planned.decode, current.decode),
-                planned.threshold,
-            )  # fmt: skip
-            why += f"; the routers measured {measured:.0%}: no scale-down"
+        if measured is not None and measured < s.attainment:
+            floor, said = self._measured_floor(traffic, current, now.meets)
+            lifted = Layout(max(planned.prefill, floor.prefill),
+                            max(planned.decode, floor.decode), planned.threshold)  # fmt: skip
+            if lifted != planned:
+                planned, why = lifted, f"{why}; the routers measured {measured:.0%}: {said}"
         target = self.stabilizer.settle(now_s, current, planned)
         return Decision(
             current, planned, target, self._outcome(why, current, target, planned),
@@ -152,6 +152,36 @@ class Planner:
         s = self.settings
         profile = self.correction.apply(s.profile)
         return LayoutSearch(s.base, s.shape, profile, requests, s.slo, s.attainment)
+
+    def _measured_floor(
+        self, traffic: TrafficWindow, current: Layout, model_meets: bool
+    ) -> tuple[Layout, str]:
+        """The least to plan while the routers measure the target missed: no pool below its
+        current size, whatever the simulator says; and where the simulator calls the current
+        layout fine (its model is optimistic at this load), one pod more in the pool of
+        each target missed, within the bounds: prefill for TTFT (decode where prefill
+        cannot grow), decode for TPOT."""
+        s = self.settings
+        if not model_meets:
+            return current, "no scale-down"
+        missed = {
+            name: share is not None and share < s.attainment
+            for name, share in (
+                ("ttft", traffic.histograms[TTFT].share_at_most(s.slo.ttft_s)),
+                ("tpot", traffic.histograms[TPOT].share_at_most(s.slo.tpot_s)),
+            )
+        }
+        prefill, decode = current.prefill, current.decode
+        if missed["ttft"] and prefill < s.prefill.max_replicas:
+            prefill += 1
+        elif missed["ttft"]:
+            decode += 1
+        if missed["tpot"]:
+            decode += 1
+        floor = Layout(prefill, min(decode, s.decode.max_replicas), current.threshold)
+        which = " and ".join(name.upper() for name, miss in missed.items() if miss)
+        fine = f"the simulator calls {self._layout(current)} fine"
+        return floor, f"{fine}; {which} missed: at least {self._layout(floor)}"
 
     def _cheapest(self, search: LayoutSearch, running: int) -> Prediction | None:
         """The cheapest layout at the running threshold, unless another threshold allowed

@@ -76,13 +76,20 @@ def test_beyond_the_bounds_it_plans_the_maximum_and_says_so():
     assert "no layout within the bounds" in decision.reason
 
 
-def test_no_scale_down_while_the_routers_measure_the_target_missed():
-    """2 req/s needs 1P+1D by the simulator, but the routers measured every request late:
-    the planner keeps what runs and says why."""
+def test_a_missed_target_the_simulator_calls_met_adds_a_pod_to_its_pool():
+    """2 req/s needs 1P+1D by the simulator, but the routers measured every first token
+    late: the model is optimistic here, so the planner scales nothing down and adds a
+    prefill pod (TTFT's pool), saying why; once prefill is at its maximum, a decode pod."""
     planner = Planner(SETTINGS, Stabilizer(down_window_s=0.0, cooldown_s=0.0))
     late = planner.decide(0.0, Layout(2, 3), interval(Router("r"), 60, 30.0, ttft=3.0))
-    assert late.target == Layout(2, 3) and late.measured_attainment == 0.0
-    assert "the routers measured 0%: no scale-down" in late.reason
+    assert late.target == Layout(3, 3) and late.measured_attainment == 0.0
+    assert late.current_attainment >= 0.9
+    assert late.reason.endswith(
+        "the routers measured 0%: the simulator calls 2P+3D fine; TTFT missed: at least "
+        "3P+3D; 2P+3D -> 3P+3D"
+    )
+    top = planner.decide(30.0, late.target, interval(Router("r"), 60, 30.0, ttft=3.0))
+    assert top.target == Layout(3, 4)  # prefill at its maximum (3): decode
     on_time = Planner(SETTINGS, Stabilizer(down_window_s=0.0, cooldown_s=0.0))
     assert on_time.decide(0.0, Layout(2, 3), interval(Router("r"), 60, 30.0)).target == Layout(1, 1)
 
