@@ -2,7 +2,9 @@
 node beside it where the machine has what a node needs, `node.py`), else the cluster a
 kubeconfig names ($KUBECONFIG or ~/.kube/config), else every test is skipped with the
 reason. Either way the CRD and the chart's RBAC are installed once, in namespaces of the
-session's own (deleted at the end)."""
+session's own (deleted at the end). On the node, `served` (per module) is the user's
+journey's start: the chart installed with Helm and one LLMDeployment serving SmolLM2;
+`ready` waits for it to be Ready."""
 
 from __future__ import annotations
 
@@ -16,9 +18,20 @@ import pytest
 from kubernetes import client, config
 
 from tandem.operator.kube import KubeApi
+from tests.assets import smollm2
 from tests.operator.e2e.cluster import Install, OperatorProc, delete_namespace, install
 from tests.operator.e2e.control_plane import ControlPlane, kube_bin
-from tests.operator.e2e.node import NODE_IP, HostNetwork, Node, missing
+from tests.operator.e2e.helpers import create, wait_condition
+from tests.operator.e2e.journey import (
+    MODEL_FOLDER,
+    Served,
+    chart_image,
+    helm_install,
+    helm_uninstall,
+    llm_deployment,
+    model_volume,
+)
+from tests.operator.e2e.node import NODE_IP, STATE, HostNetwork, Node, missing
 from tests.operator.e2e.pairing import pod_log
 
 KUBECONFIG = Path(os.environ.get("KUBECONFIG", Path.home() / ".kube" / "config"))
@@ -102,6 +115,40 @@ def start_operator(setup, operator_logs):
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def served(cluster) -> Served:
+    if cluster.node is None:
+        pytest.skip(f"no node: {cluster.no_node}")
+    image = chart_image()
+    why = cluster.node.load_image(image)
+    if why:
+        pytest.skip(why)
+    smollm2(STATE / "models" / MODEL_FOLDER)
+    suffix = uuid.uuid4().hex[:6]
+    operator_ns, namespace = f"tandem-op-{suffix}", f"tandem-app-{suffix}"
+    kubeconfig = cluster.plane.dir / "admin.kubeconfig"
+    restricted = {f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "warn")}
+    cluster.api._call("POST", "/api/v1/namespaces", body={
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": namespace, "labels": restricted}})  # fmt: skip
+    pv = model_volume(cluster.api, namespace, STATE / "models")
+    helm_install(kubeconfig, operator_ns, namespace, image)
+    served = Served(cluster.api, operator_ns, namespace, "smol", image)
+    create(cluster.api, llm_deployment(served.name, namespace, image))
+    yield served
+    helm_uninstall(kubeconfig, operator_ns)
+    for ns in (namespace, operator_ns):
+        delete_namespace(cluster.api, ns)
+    cluster.api._call("DELETE", f"/api/v1/persistentvolumes/{pv}")
+
+
+@pytest.fixture(scope="module")
+def ready(served) -> Served:
+    wait_condition(served.api, {"metadata": {"namespace": served.namespace,
+                                             "name": served.name}}, "Ready", "True")  # fmt: skip
+    return served
 
 
 LOG_TAIL_LINES = 60

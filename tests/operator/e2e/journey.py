@@ -5,6 +5,8 @@ LLMDeployment, and the pods' own timeline read back from the API."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ import openai
 
 from tandem.operator.kinds import LLM_DEPLOYMENT, POD, Kind
 from tandem.operator.kube import KubeApi
+from tandem.operator.spec import DEFAULT_IMAGE
 from tests.bounds import HANG_S
 from tests.operator.e2e.cluster import CHART, admin_apply
 from tests.operator.e2e.node import NODE_NAME
@@ -25,6 +28,22 @@ SERVICE = Kind("v1", "Service", "services")
 RELEASE = "tandem"
 MODEL_FOLDER = "smollm2-135m-instruct"
 MODEL_NAME = MODEL_FOLDER  # the id `tandem serve` gives a folder, so both serve one name
+
+
+def chart_image() -> str:
+    """The image the chart and the resource default to (tests/operator/test_image_version.py
+    holds them to the chart's appVersion), or $TANDEM_E2E_IMAGE."""
+    return os.environ.get("TANDEM_E2E_IMAGE", DEFAULT_IMAGE)
+
+
+def report(key: str, value) -> None:
+    print(f"{key}: {json.dumps(value)}")
+    path = os.environ.get("TANDEM_E2E_REPORT")
+    if path:
+        found = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
+        Path(path).write_text(json.dumps(found | {key: value}, indent=1))
+
+
 CPU_POOL = {"resources": {"limits": {"nvidia.com/gpu": 0}}}  # a node without GPUs
 
 
@@ -206,6 +225,16 @@ class Outcome:
     tokens: int
     error: str | None
     retry_after: float = 0.0  # seconds, from a 429 or 503's Retry-After
+    first: float | None = None  # when the first token came
+
+    def ttft_s(self) -> float | None:
+        return None if self.first is None else self.first - self.started
+
+    def tpot_s(self) -> float | None:
+        """The mean gap between tokens after the first (None with fewer than two)."""
+        if self.first is None or self.tokens < 2:
+            return None
+        return (self.ended - self.first) / (self.tokens - 1)
 
 
 def _error(exc: openai.OpenAIError) -> str:
@@ -253,7 +282,7 @@ class StreamLoad:
             self._stop.wait(max(outcome.retry_after, self.pause_s))  # as told to come back later
 
     def _one(self, client: openai.OpenAI, index: int) -> Outcome:
-        started, tokens, finish = time.monotonic(), 0, None
+        started, tokens, finish, first = time.monotonic(), 0, None, None
         try:
             stream = client.chat.completions.create(
                 model=MODEL_NAME, max_tokens=24, stream=True,
@@ -261,7 +290,9 @@ class StreamLoad:
             )  # fmt: skip
             for chunk in stream:
                 for choice in chunk.choices:
-                    tokens += bool(choice.delta.content)
+                    if choice.delta.content:
+                        tokens += 1
+                        first = first or time.monotonic()
                     finish = choice.finish_reason or finish
             error = None if finish else "no finish_reason"
         except openai.APIStatusError as exc:  # 429 and 503 say when to come back
@@ -269,4 +300,4 @@ class StreamLoad:
             return Outcome(started, time.monotonic(), tokens, _error(exc), after)
         except openai.OpenAIError as exc:
             error = _error(exc)
-        return Outcome(started, time.monotonic(), tokens, error)
+        return Outcome(started, time.monotonic(), tokens, error, first=first)

@@ -10,12 +10,9 @@ $TANDEM_E2E_REPORT when it is set."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
-import uuid
-from pathlib import Path
 
 import httpx
 import openai
@@ -23,30 +20,23 @@ import pytest
 
 from tandem.operator.names import METRICS_PORT
 from tandem.operator.render import render
-from tandem.operator.spec import DEFAULT_IMAGE
-from tests.assets import smollm2
 from tests.bounds import HANG_S
 from tests.disagg.nodes import free_port, metric_value, wait_until
-from tests.operator.e2e.cluster import chart_objects, delete_namespace
+from tests.operator.e2e.cluster import chart_objects
 from tests.operator.e2e.helpers import (
-    create,
     events,
     expected_children,
     get_child,
     patch_spec,
-    wait_condition,
 )
 from tests.operator.e2e.journey import (
     MODEL_FOLDER,
     MODEL_NAME,
     Served,
     StreamLoad,
-    helm_install,
-    helm_uninstall,
     is_ready,
-    llm_deployment,
-    model_volume,
     pod_timeline,
+    report,
 )
 from tests.operator.e2e.node import STATE
 from tests.operator.e2e.pairing import Pairings
@@ -57,54 +47,6 @@ from tests.router.test_prometheus import RULES, dashboard_queries, rules
 pytestmark = pytest.mark.e2e
 START_S = 900  # cold start bound: a hang, not a slow machine, reaches it
 PROMPT = [{"role": "user", "content": "Name three colours."}]
-
-
-def chart_image() -> str:
-    """The image the chart and the resource default to (tests/operator/test_image_version.py
-    holds them to the chart's appVersion), or $TANDEM_E2E_IMAGE."""
-    return os.environ.get("TANDEM_E2E_IMAGE", DEFAULT_IMAGE)
-
-
-def report(key: str, value) -> None:
-    print(f"{key}: {json.dumps(value)}")
-    path = os.environ.get("TANDEM_E2E_REPORT")
-    if path:
-        found = json.loads(Path(path).read_text()) if Path(path).is_file() else {}
-        Path(path).write_text(json.dumps(found | {key: value}, indent=1))
-
-
-@pytest.fixture(scope="module")
-def served(cluster) -> Served:
-    if cluster.node is None:
-        pytest.skip(f"no node: {cluster.no_node}")
-    image = chart_image()
-    why = cluster.node.load_image(image)
-    if why:
-        pytest.skip(why)
-    smollm2(STATE / "models" / MODEL_FOLDER)
-    suffix = uuid.uuid4().hex[:6]
-    operator_ns, namespace = f"tandem-op-{suffix}", f"tandem-app-{suffix}"
-    kubeconfig = cluster.plane.dir / "admin.kubeconfig"
-    restricted = {f"pod-security.kubernetes.io/{m}": "restricted" for m in ("enforce", "warn")}
-    cluster.api._call("POST", "/api/v1/namespaces", body={
-        "apiVersion": "v1", "kind": "Namespace",
-        "metadata": {"name": namespace, "labels": restricted}})  # fmt: skip
-    pv = model_volume(cluster.api, namespace, STATE / "models")
-    helm_install(kubeconfig, operator_ns, namespace, image)
-    served = Served(cluster.api, operator_ns, namespace, "smol", image)
-    create(cluster.api, llm_deployment(served.name, namespace, image))
-    yield served
-    helm_uninstall(kubeconfig, operator_ns)
-    for ns in (namespace, operator_ns):
-        delete_namespace(cluster.api, ns)
-    cluster.api._call("DELETE", f"/api/v1/persistentvolumes/{pv}")
-
-
-@pytest.fixture(scope="module")
-def ready(served) -> Served:
-    wait_condition(served.api, {"metadata": {"namespace": served.namespace,
-                                             "name": served.name}}, "Ready", "True")  # fmt: skip
-    return served
 
 
 @pytest.fixture(scope="module")
