@@ -124,8 +124,11 @@ class StepLog:
 
     def begin(self) -> Clocks:
         """A step starts: close the previous cycle; returns the clocks `end` needs."""
+        # the tail's thread clock read before the host's, so that its interval on the host's
+        # clock holds the thread's (as `end` reads them the other way round for its start)
+        tail_end = time.thread_time()
         clocks = Clocks.now()
-        self._end_tail(clocks.thread, clocks.wall)
+        self._end_tail(tail_end, clocks.wall)
         if self._open is not None:
             record, start = self._open
             record.cycle_s, record.cycle_cpu_s = clocks.wall - start.wall, clocks.cpu - start.cpu
@@ -136,7 +139,9 @@ class StepLog:
     def end(self, clocks: Clocks, work: StepWork, num_sampled: int) -> None:
         """The step `begin` returned `clocks` for has run the model."""
         wall, thread0, switches0 = clocks.wall, clocks.thread, clocks.switches
-        thread, now, switches = time.thread_time(), time.monotonic(), thread_switches()
+        thread, now = time.thread_time(), time.monotonic()
+        tail_start = time.thread_time()  # after `now`: see `begin`
+        switches = thread_switches()
         self._seq += 1
         record = StepRecord(
             self._seq,
@@ -154,7 +159,7 @@ class StepLog:
         self._writes_wait_s = 0.0
         self._records.append(record)
         self._open = (record, clocks)
-        self._tail = (record, thread, now)
+        self._tail = (record, tail_start, now)
 
     def writes_waited(self, seconds: float) -> None:
         """The loop waited `seconds` for finished jobs' last writes before its next step."""
