@@ -72,13 +72,14 @@ class PodSeconds:
 
 def figures(outcomes: list[Outcome], decode: PodSeconds) -> dict[str, Any]:
     done = [o for o in outcomes if o.error is None and o.tpot_s() is not None]
+    assert done, f"no request of {len(outcomes)} finished with two tokens"
     ttft = np.array([o.ttft_s() for o in done])
     tpot = np.array([o.tpot_s() for o in done])
     met = (ttft <= TTFT_MS / 1000) & (tpot <= TPOT_MS / 1000)
     return {
         "requests": len(outcomes),
         "failed": sum(o.error is not None for o in outcomes),
-        "attainment": round(float(met.mean()), 3) if len(done) else None,
+        "attainment": round(float(met.mean()), 3),
         "ttft_p50_ms": round(float(np.percentile(ttft, 50)) * 1000),
         "ttft_p90_ms": round(float(np.percentile(ttft, 90)) * 1000),
         "tpot_p50_ms": round(float(np.percentile(tpot, 50)) * 1000),
