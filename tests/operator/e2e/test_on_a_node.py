@@ -144,7 +144,11 @@ def test_structured_outputs_and_tools_through_the_cluster_ip(client):
 
 def test_the_kv_cache_crosses_from_the_prefill_pod_to_the_decode_pod_over_nixl(ready, client):
     """Every prompt took the remote path (threshold 0): the prefill pod wrote its KV blocks
-    into the decode pod's over NIXL (UCX over TCP between the two pods' addresses)."""
+    into the decode pod's over NIXL (UCX over TCP between the two pods' addresses). The
+    router may be Ready (a healthy decode worker) before it has found the prefill pod, and
+    prefills locally until then: wait for it to use both."""
+    follows = lambda: ready.routers_follow("prefill", 1) and ready.routers_follow("decode", 1)  # noqa: E731
+    assert wait_until(follows, timeout=HANG_S)
     client.chat.completions.create(model=MODEL_NAME, messages=PROMPT, max_tokens=4)
     (prefill_ip,) = ready.ready_ips("prefill")
     (decode_ip,) = ready.ready_ips("decode")
