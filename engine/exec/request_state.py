@@ -122,7 +122,7 @@ class RequestStates:
     def _generator(self, data: NewRequestData, num_drawn: int) -> torch.Generator | None:
         """A generator where the request's is after `num_drawn` sampled tokens: its parked
         one, or a new one from its seed, past the draws it has not made (a prefill node's
-        first token). Each draw is one exponential per vocabulary entry (`sampler._sample`)."""
+        first token). Each draw is `draw`, one uniform number per vocabulary entry."""
         parked = self._parked.pop(data.request_id, None)
         if data.seed is None or data.sampling_params.greedy:
             return None
@@ -131,5 +131,11 @@ class RequestStates:
         if num_drawn > num_made:
             race = torch.empty(self.vocab_size, device=self.device)  # [V]
             for _ in range(num_drawn - num_made):
-                race.exponential_(generator=generator)
+                draw(race, generator)
         return generator
+
+
+def draw(race: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw of a request's generator: `race` [V] float32 filled with uniform numbers in
+    place (the sampler's race takes -log of them). Replaying draws must make the same calls."""
+    return race.uniform_(generator=generator)

@@ -23,7 +23,7 @@ from tandem.engine.core.request import TokenLogprobs
 from tandem.engine.core.sampling_params import SamplingParams
 from tandem.engine.exec.grammar_mask import GrammarMask
 from tandem.engine.exec.logit_edits import LogitEdits, host_tensor
-from tandem.engine.exec.request_state import RequestState
+from tandem.engine.exec.request_state import RequestState, draw
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,13 @@ def _sample(logits: torch.Tensor, requests: Sequence[RequestState]) -> torch.Ten
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         logits = _top_k_top_p(logits, params)
     probs = torch.softmax(logits, dim=-1)
+    # The race's Exp(1) times as -log U: on the CPU `exponential_` costs a scalar libm log
+    # per draw, `uniform_` then one vectorized log is 5x faster (0.09 against 0.69 ms a row
+    # of 49,152 on the 2-CPU EPYC: 11 -> 2 ms a step at 16 random rows). U = 0 never wins.
     race = torch.empty_like(probs)
     for i, request in enumerate(requests):
-        race[i].exponential_(generator=request.generator)
-    return (probs / race).argmax(dim=-1)
+        draw(race[i], request.generator)
+    return (probs / race.log_().neg_()).argmax(dim=-1)
 
 
 def _top_k_top_p(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

@@ -50,10 +50,27 @@ def test_seeded_draws_do_not_depend_on_the_batch():
 
 
 def test_different_seeds_differ():
-    x = logits(1)
+    x = torch.zeros(1, V)  # every token as likely: 30 equal draws by chance is 50**-30
     a = [Sampler()(x, [r]).token_ids[0] for r in [req(seed=1)] for _ in range(30)]
     b = [Sampler()(x, [r]).token_ids[0] for r in [req(seed=2)] for _ in range(30)]
     assert a != b
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_draws_follow_the_tempered_distribution(temperature):
+    """4,000 draws (400 requests, 10 steps) against softmax(logits / temperature): every
+    frequency within five standard errors (a false alarm about once in a million)."""
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    x = torch.full((400, V), float("-inf"))
+    x[:, :4] = p.log()
+    rows = [req(seed=i, temperature=temperature) for i in range(400)]
+    draws = torch.tensor([t for _ in range(10) for t in Sampler()(x, rows).token_ids])
+    freq = torch.bincount(draws, minlength=V).float() / len(draws)
+    expected = torch.softmax(p.log() / temperature, dim=-1)
+    assert freq[4:].sum() == 0
+    assert (
+        (freq[:4] - expected).abs() <= 5 * (expected * (1 - expected) / len(draws)).sqrt()
+    ).all()
 
 
 @pytest.mark.parametrize("k", [1, 3])
