@@ -4,20 +4,43 @@ Decoding sequences (one query token) are sorted by context length and attend in 
 groups, each padded only to its own longest context; prefill chunks attend one sequence at
 a time, so padding never multiplies a long chunk by the batch size.
 
-A decode group of 8 sequences or more gathers its K/V head-major (one contiguous [S, D]
-matrix per KV head and sequence) and attends by two batched matmuls around a float32
-softmax, its GQA group of query heads as G rows against one KV head, so no head is
-expanded. Torch's fused CPU `scaled_dot_product_attention` costs about 15 us per
+A decode group of 8 sequences or more attends by two batched matmuls around a float32
+softmax. Torch's fused CPU `scaled_dot_product_attention` costs about 15 us per
 (sequence, KV head) at G = 3 query rows: 3-6 times the matmuls at 16 sequences
-(docs/notes/performance-2026-11-engine.md). In bfloat16 the scores leave the matmul
-rounded to bfloat16 (as in transformers' eager attention), then the softmax runs in
-float32. Smaller decode groups and prefill chunks run the fused SDPA on strided views of
-the gathered K/V; no KV head is expanded either way.
+(docs/notes/performance-2026-11-engine.md). The matmuls' operands come one of two ways:
+
+- *by sequence* (models of at most `by_sequence_heads` query heads): K/V gathered a whole
+  block row at a time, as the cache lays them out ([S, Hkv * D] per sequence), and every
+  query head of a sequence multiplied against all of it at once, each head's query
+  written into its own KV head's D columns of an [Hq, Hkv * D] block-diagonal matrix
+  (zeros elsewhere); the output's diagonal blocks are the heads' results. Hkv times the
+  multiply-adds, but the gather copies whole rows (the prefetcher's best case) and nothing
+  is permuted; while Hq rows share each K element the matmul stays bound by reading K.
+- *by head*: K/V gathered head-major (one contiguous [S, D] matrix per KV head and
+  sequence, copied D elements at a time), the GQA group of G query heads as G rows
+  against its KV head. No extra work, a slower gather.
+
+On the 2-CPU EPYC, a SmolLM2 layer (Hq 9, Hkv 3, D 64), 16 sequences of 288 keys, caches
+cold: 416 against 616 us by head with one thread, 287-306 against 360 with two; at Hq 32,
+Hkv 8, D 128 by sequence loses (4.1 against 2.8 ms). In bfloat16 the scores leave the
+matmul rounded to bfloat16 (as in transformers' eager attention), then the softmax runs in
+float32. Smaller decode groups run the fused SDPA on strided views of the gathered K/V.
+
+A prefill chunk attends by matmuls too, a few hundred query rows at a time: each KV head's
+GQA group of query heads as one [rows * G, D] matrix against its K (the cached prefix and
+the chunk's own keys), a causal mask on the chunk's own keys, the float32 softmax, then V.
+Same machine, 256 new tokens, two threads: 452 against 897 us a layer for the fused SDPA
+(whose CPU kernel is slow for GQA), 278 against 601 for 64 tokens after 512 cached; a
+whole 256-token prefill of SmolLM2 103 -> 88 ms, 512 tokens 250 -> 180 ms (the scores,
+megabytes, in buffers reused by every chunk and layer). A sliding
+window, or a context so long that 16 rows' scores would not fit the score budget, goes to
+the fused SDPA, which tiles its scores. No KV head is expanded in any path.
 `tandem.kernels.reference.attention_ref` is the plain-math oracle the tests hold this to.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +49,10 @@ import torch.nn.functional as F
 
 from tandem.engine.attention.backend import AttentionBackend, CommonAttentionMetadata
 from tandem.kernels.reference import gather_kv_by_head, gather_kv_ref
+
+# A prefill chunk attends by matmuls when at least MIN_PREFILL_ROWS query rows' float32
+# scores fit the score budget; else (very long contexts) by SDPA, which tiles its scores.
+MIN_PREFILL_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -77,6 +104,7 @@ class PrefillSlice:
     start: int
     end: int
     block_table: torch.Tensor  # [1, num_blocks] int
+    seq_len: int  # its keys: a cached prefix, then the chunk's own tokens
     # [Q, num_blocks * bs] additive (0 or -inf), causal and bottom-right aligned (and
     # windowed); None when the chunk is the whole context and no window applies: K/V come
     # straight from the step.
@@ -99,15 +127,28 @@ class TorchAttentionBackend(AttentionBackend):
         sliding_window: int = 0,
         dtype: torch.dtype = torch.float32,
         batched_from: int = 8,
+        by_sequence_heads: int = 16,
+        prefill_rows: int = 256,
+        score_budget: int = 1 << 21,
     ) -> None:
         """`sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p. `dtype`:
         the queries' dtype, in which the masks are built once per step (SDPA would otherwise
         turn a boolean mask into an additive one in every layer). A decode group of
         `batched_from` sequences or more attends by batched matmuls, a smaller one by SDPA
-        (at 4 sequences the two cost the same with one thread, SDPA 10% less with two)."""
+        (at 4 sequences the two cost the same with one thread, SDPA 10% less with two).
+        Models of at most `by_sequence_heads` query heads (per rank) get their matmuls'
+        operands by sequence, larger ones by head (0: always by head). A prefill chunk
+        attends by matmuls `prefill_rows` queries at a time, each time at most
+        `score_budget` float32 scores (8 MiB); SDPA takes it when fewer than 16 rows fit."""
         self.block_size = block_size
         self.decode_group_size = decode_group_size
         self.batched_from = batched_from
+        self.by_sequence_heads = by_sequence_heads
+        self.prefill_rows = prefill_rows
+        self.score_budget = score_budget
+        self._diagonals: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+        self._causal_masks: dict[torch.device, torch.Tensor] = {}
+        self._scores: tuple[torch.Tensor, ...] = ()  # prefill scores, reused
         self.sliding_window = sliding_window
         self.dtype = dtype
         # Reused by every gather: fresh multi-MiB outputs each layer would cost page faults.
@@ -173,6 +214,7 @@ class TorchAttentionBackend(AttentionBackend):
             start=start,
             end=end,
             block_table=torch.from_numpy(np.ascontiguousarray(table)).to(device),
+            seq_len=seq_len,
             mask=mask,
         )
 
@@ -201,22 +243,96 @@ class TorchAttentionBackend(AttentionBackend):
             o = self._decode(q, kv_layer, g, scale)  # [Bg, Hkv, G, D]
             out[rows] = o.reshape(-1, num_kv_heads * group, head_dim)
         for p in metadata.prefills:
-            if p.mask is None:
-                k, v = key[None, p.start : p.end], value[None, p.start : p.end]
-            else:
-                k, v = self._gather(kv_layer, p.block_table)  # [1, S, Hkv, D]
-            q = query[p.start : p.end].transpose(0, 1)[None]  # [1, Hq, Q, D]
-            o = F.scaled_dot_product_attention(
-                q,
-                k.transpose(1, 2),
-                v.transpose(1, 2),
-                attn_mask=p.mask,
-                is_causal=p.mask is None,
-                scale=scale,
-                enable_gqa=group > 1,
-            )  # [1, Hq, Q, D]
-            out[p.start : p.end] = o[0].transpose(0, 1)
+            out[p.start : p.end] = self._prefill(
+                query[p.start : p.end], key, value, kv_layer, p, scale
+            )
         return out
+
+    def _prefill(
+        self,
+        q: torch.Tensor,  # [Q, Hq, D]
+        key: torch.Tensor,  # [T, Hkv, D]: the step's
+        value: torch.Tensor,  # [T, Hkv, D]
+        kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+        p: PrefillSlice,
+        scale: float,
+    ) -> torch.Tensor:  # [Q, Hq, D]
+        """One prefill chunk: by matmuls in chunks of query rows while a chunk's scores fit
+        the budget and no window applies; else the fused SDPA, which tiles its scores."""
+        if p.mask is None:  # the whole context is this chunk: K/V straight from the step
+            k, v = key[p.start : p.end], value[p.start : p.end]  # [S, Hkv, D]
+        else:
+            k, v = (t[0, : p.seq_len] for t in self._gather(kv_layer, p.block_table))
+        fit = self.score_budget // (q.shape[1] * p.seq_len)  # query rows whose scores fit
+        if not self.sliding_window and fit >= MIN_PREFILL_ROWS:
+            return self._prefill_by_matmul(q, k, v, min(fit, self.prefill_rows), scale)
+        o = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            attn_mask=None if p.mask is None else p.mask[:, : p.seq_len],
+            is_causal=p.mask is None,
+            scale=scale,
+            enable_gqa=q.shape[1] > k.shape[1],
+        )  # [1, Hq, Q, D]
+        return o[0].transpose(0, 1)
+
+    def _prefill_by_matmul(
+        self,
+        q: torch.Tensor,  # [Q, Hq, D]
+        k: torch.Tensor,  # [S, Hkv, D]: a cached prefix of S - Q keys, then the chunk's own
+        v: torch.Tensor,  # [S, Hkv, D]
+        rows: int,
+        scale: float,
+    ) -> torch.Tensor:  # [Q, Hq, D]
+        """Causal attention `rows` queries at a time: each KV head's GQA group of query
+        heads as one matrix against its K, scores in float32 (the module's docstring)."""
+        num_queries, num_heads, head_dim = q.shape
+        num_keys, num_kv_heads = k.shape[0], k.shape[1]
+        group = num_heads // num_kv_heads
+        prefix = num_keys - num_queries
+        keys = k.transpose(0, 1).contiguous().transpose(1, 2)  # [Hkv, D, S]
+        values = v.transpose(0, 1).contiguous()  # [Hkv, S, D]
+        causal = self._causal(q.device)  # [prefill_rows, prefill_rows]
+        out = q.new_empty(q.shape)
+        for start in range(0, num_queries, rows):
+            n = min(rows, num_queries - start)
+            seen = prefix + start + n  # keys the chunk's last query sees
+            chunk = q[start : start + n].view(n, num_kv_heads, group, head_dim).transpose(0, 1)
+            chunk = chunk.reshape(num_kv_heads, n * group, head_dim)  # rows (token, head)
+            shape = (num_kv_heads, n * group, seen)
+            low, scores, probs = (b.view(shape) for b in self._score_space(q, math.prod(shape)))
+            torch.bmm(chunk, keys[:, :, :seen], out=low)
+            torch.mul(low, scale, out=scores)  # float32 from here
+            mine = scores.view(num_kv_heads, n, group, seen)[..., prefix + start :]
+            mine.add_(causal[:n, None, :n])  # the chunk's own keys, causally
+            torch.ops.aten._softmax.out(scores, -1, False, out=probs)
+            low.copy_(probs)
+            o = torch.bmm(low, values[:, :seen])  # [Hkv, n * G, D]
+            out[start : start + n].view(n, num_kv_heads, group, head_dim).copy_(
+                o.view(num_kv_heads, n, group, head_dim).transpose(0, 1)
+            )
+        return out
+
+    def _score_space(self, like: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
+        """Three flat buffers of `size` elements, reused by every prefill chunk: scores in
+        the queries' dtype (then the probabilities), scores and probabilities in float32.
+        Megabytes made and freed in every layer would take fresh pages from the C heap
+        each time under glibc's defaults (2.4x slower at 256 tokens, measured)."""
+        space = self._scores
+        if not space or space[0].numel() < size or space[0].dtype != like.dtype:
+            space = (like.new_empty(size), like.new_empty(size, dtype=torch.float32))
+            self._scores = space = (*space, like.new_empty(size, dtype=torch.float32))
+        return tuple(b[:size] for b in space)
+
+    def _causal(self, device: torch.device) -> torch.Tensor:
+        """[prefill_rows, prefill_rows] float32: 0 on and below the diagonal, -inf above
+        (made once per device)."""
+        if device not in self._causal_masks:
+            size = (self.prefill_rows, self.prefill_rows)
+            mask = torch.full(size, float("-inf"), device=device)
+            self._causal_masks[device] = mask.triu(1)
+        return self._causal_masks[device]
 
     def _decode(
         self,
@@ -232,6 +348,47 @@ class TorchAttentionBackend(AttentionBackend):
             return F.scaled_dot_product_attention(
                 q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=g.mask, scale=scale
             )
+        if q.shape[1] * q.shape[2] <= self.by_sequence_heads:
+            return self._decode_by_sequence(q, kv_layer, g, scale)
+        return self._decode_by_head(q, kv_layer, g, scale)
+
+    def _decode_by_sequence(
+        self,
+        q: torch.Tensor,  # [Bg, Hkv, G, D]
+        kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+        g: DecodeGroup,
+        scale: float,
+    ) -> torch.Tensor:  # [Bg, Hkv, G, D]
+        """Every query head of a sequence against all of its K at once, through a
+        block-diagonal query (the module's docstring)."""
+        k, v = self._gather(kv_layer, g.block_tables)  # [Bg, S, Hkv, D]
+        num_seqs, num_keys, num_kv_heads, head_dim = k.shape
+        group = q.shape[2]
+        diagonal = self._diagonal(num_kv_heads, q)  # [Hkv, 1, Hkv, 1]
+        rows = (q[:, :, :, None] * diagonal).view(num_seqs, -1, num_kv_heads * head_dim)
+        keys = k.view(num_seqs, num_keys, -1).transpose(1, 2)  # [Bg, Hkv * D, S]
+        scores = torch.bmm(rows, keys).float().mul_(scale).add_(g.mask)  # [Bg, Hq, S]
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        o = torch.bmm(probs, v.view(num_seqs, num_keys, -1))  # [Bg, Hq, Hkv * D]
+        o = o.view(num_seqs, num_kv_heads, group, num_kv_heads, head_dim)
+        return torch.diagonal(o, dim1=1, dim2=3).permute(0, 3, 1, 2)  # head h's D columns
+
+    def _diagonal(self, num_kv_heads: int, like: torch.Tensor) -> torch.Tensor:
+        """[Hkv, 1, Hkv, 1]: 1 where the two KV heads are the same, else 0 (made once)."""
+        key = (num_kv_heads, like.dtype, like.device)
+        if key not in self._diagonals:
+            eye = torch.eye(num_kv_heads, dtype=like.dtype, device=like.device)
+            self._diagonals[key] = eye[:, None, :, None]
+        return self._diagonals[key]
+
+    def _decode_by_head(
+        self,
+        q: torch.Tensor,  # [Bg, Hkv, G, D]
+        kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
+        g: DecodeGroup,
+        scale: float,
+    ) -> torch.Tensor:  # [Bg, Hkv, G, D]
+        """The GQA group of each KV head against that head's K, gathered head-major."""
         k, v = gather_kv_by_head(
             kv_layer, g.block_tables, self._workspace_for(kv_layer, g.block_tables)
         )

@@ -72,11 +72,12 @@ def test_gather_by_head_lays_each_head_of_each_sequence_out_contiguously():
 
 
 @pytest.mark.parametrize("decode_group_size", [1, 16])  # SDPA alone; the batched matmuls
-def test_bf16_decode_is_float64_attention_within_bf16_rounding(decode_group_size):
-    """bf16 decode against float64 attention over the same bf16 values. The batched path
-    rounds each score to bf16 (relative 2**-8) and the probabilities too: with |s| the
-    largest scaled score and |v| the largest value, the output moves by at most about
-    (2 |s| + 2) 2**-8 |v|, plus its own rounding. A wrong block or mask moves it by O(|v|)."""
+@pytest.mark.parametrize("by_sequence_heads", [0, 16])  # their operands by head; by sequence
+def test_bf16_decode_is_float64_attention_within_bf16_rounding(
+    decode_group_size, by_sequence_heads
+):
+    """bf16 decode against float64 attention over the same bf16 values, within
+    `bf16_bound`."""
     torch.manual_seed(0)
     bf16, num_heads, num_kv_heads, head_dim, block_size = torch.bfloat16, 6, 2, 16, 4
     seq_lens = np.array([9, 3, 17, 12, 6], dtype=np.int32)
@@ -90,18 +91,60 @@ def test_bf16_decode_is_float64_attention_within_bf16_rounding(decode_group_size
     common = CommonAttentionMetadata.from_host(
         np.arange(6, dtype=np.int32), seq_lens, tables.numpy(), slots.numpy(), torch.device("cpu")
     )
-    backend = TorchAttentionBackend(block_size, decode_group_size, dtype=bf16, batched_from=2)
+    backend = TorchAttentionBackend(
+        block_size,
+        decode_group_size,
+        dtype=bf16,
+        batched_from=2,
+        by_sequence_heads=by_sequence_heads,
+    )
     out = backend.forward(q, new_k, new_v, kv_layer, backend.build(common), scale=0.25)
     k, v = gather_kv_ref(kv_layer, tables)  # [B, S, Hkv, D]
     for b, n in enumerate(seq_lens.tolist()):
         qb, kb, vb = q[b : b + 1].double(), k[b, :n].double(), v[b, :n].double()
         expected = dense_attention(qb, kb, vb, scale=0.25)[0]
-        group = num_heads // num_kv_heads
-        biggest = (
-            qb[0, :, None] @ kb.repeat_interleave(group, 1).permute(1, 2, 0)
-        ).abs().max() * 0.25
-        bound = ((2 * biggest + 2) * 2**-8 + 2**-8) * vb.abs().max()
-        assert (out[b].double() - expected).abs().max() <= bound
+        assert (out[b].double() - expected).abs().max() <= bf16_bound(qb, kb, vb, 0.25)
+
+
+@pytest.mark.parametrize("prefill_rows", [4, 256])  # 10 queries in chunks of 4; at once
+def test_bf16_prefill_is_float64_attention_within_bf16_rounding(prefill_rows):
+    """A chunk of 10 new tokens after 7 cached ones, in bf16 by matmuls, against float64
+    attention over the same bf16 values; the bound as for decode."""
+    torch.manual_seed(0)
+    bf16, num_heads, num_kv_heads, head_dim, block_size = torch.bfloat16, 6, 2, 16, 4
+    cached, new = 7, 10
+    table = torch.randperm(20)[:5].to(torch.int32)  # 17 tokens in 5 blocks of 4
+    kv_layer = torch.randn(20, 2, block_size, num_kv_heads, head_dim).to(bf16)
+    positions = torch.arange(cached + new)
+    slots = table[positions // block_size].long() * block_size + positions % block_size
+    k = kv_layer[slots // block_size, 0, slots % block_size]  # [17, Hkv, D]
+    v = kv_layer[slots // block_size, 1, slots % block_size]
+    q = torch.randn(new, num_heads, head_dim).to(bf16)
+    common = CommonAttentionMetadata.from_host(
+        np.array([0, new], dtype=np.int32),
+        np.array([cached + new], dtype=np.int32),
+        table[None].numpy(),
+        slots[cached:].numpy(),
+        torch.device("cpu"),
+    )
+    backend = TorchAttentionBackend(block_size, dtype=bf16, prefill_rows=prefill_rows)
+    metadata = backend.build(common)
+    out = backend.forward(q, k[cached:], v[cached:], kv_layer, metadata, scale=0.25)
+    expected = dense_attention(q.double(), k.double(), v.double(), scale=0.25)
+    for i in range(new):  # query i sees keys 0 .. cached + i
+        qi, ki, vi = q[i : i + 1].double(), k[: cached + i + 1].double(), v[: cached + i + 1]
+        bound = bf16_bound(qi, ki, vi.double(), 0.25)
+        assert (out[i].double() - expected[i]).abs().max() <= bound
+
+
+def bf16_bound(q, k, v, scale):  # q [1, Hq, D], k/v [S, Hkv, D], float64
+    """How far bf16 attention may be from float64's over the same bf16 values: the scores
+    round to bf16 (relative 2**-8) and the probabilities too, so with |s| the largest
+    scaled score and |v| the largest value the output moves by at most about
+    (2 |s| + 2) 2**-8 |v|, plus its own rounding. A wrong block or mask moves it by O(|v|)."""
+    group = q.shape[1] // k.shape[1]
+    biggest = (q[0, :, None] @ k.repeat_interleave(group, 1).permute(1, 2, 0)).abs().max()
+    return ((2 * biggest * scale + 2) * 2**-8 + 2**-8) * v.abs().max()
 
 
 def test_rotary_matches_transformers():
@@ -154,9 +197,18 @@ def test_rotary_joins_query_and_key_only_when_they_tile_each_row():
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (8, 1)])
 @pytest.mark.parametrize("block_size", [4, 16])
 @pytest.mark.parametrize("decode_group_size", [2, 3, 16])  # 3: groups of 3 and 1
-@pytest.mark.parametrize("batched_from", [2, 8])  # the matmuls from 2 sequences on; SDPA only
+# decodes by matmuls from 2 sequences on, operands by head, prefills by matmul; by sequence,
+# prefills 4 query rows at a time; SDPA only (no score fits the prefills' budget)
+@pytest.mark.parametrize(
+    "paths",
+    [
+        {"batched_from": 2, "by_sequence_heads": 0},
+        {"batched_from": 2, "by_sequence_heads": 16, "prefill_rows": 4},
+        {"batched_from": 8, "score_budget": 0},
+    ],
+)
 def test_backend_on_a_mixed_batch_with_scattered_blocks(
-    num_heads, num_kv_heads, block_size, decode_group_size, batched_from
+    num_heads, num_kv_heads, block_size, decode_group_size, paths
 ):
     torch.manual_seed(0)
     head_dim, num_blocks = 16, 64
@@ -191,7 +243,7 @@ def test_backend_on_a_mixed_batch_with_scattered_blocks(
     q = torch.randn(int(qsl[-1]), num_heads, head_dim)
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, seqs)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, seqs)])
-    backend = TorchAttentionBackend(block_size, decode_group_size, batched_from=batched_from)
+    backend = TorchAttentionBackend(block_size, decode_group_size, **paths)
     metadata = backend.build(common)
     assert len(metadata.decodes) == -(-4 // decode_group_size)
     assert len(metadata.prefills) == 2
