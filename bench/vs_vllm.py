@@ -67,9 +67,12 @@ def ensure_venv(path: Path, packages: list[str], remove: list[str] = ()) -> Path
     if (path / ".ready").exists():
         return python
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *packages], check=True)
+    # pip runs in the venv's directory: in the repository, `operator/` would shadow the
+    # standard library's module of that name.
+    pip = [str(python), "-m", "pip"]
+    subprocess.run([*pip, "install", "-q", *packages], check=True, cwd=path)
     if remove:
-        subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", *remove], check=True)
+        subprocess.run([*pip, "uninstall", "-y", "-q", *remove], check=True, cwd=path)
     (path / ".ready").touch()
     return python
 
