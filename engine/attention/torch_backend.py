@@ -31,16 +31,15 @@ GQA group of query heads as one [rows * G, D] matrix against its K (the cached p
 the chunk's own keys), a causal mask on the chunk's own keys, the float32 softmax, then V.
 Same machine, 256 new tokens, two threads: 452 against 897 us a layer for the fused SDPA
 (whose CPU kernel is slow for GQA), 278 against 601 for 64 tokens after 512 cached; a
-whole 256-token prefill of SmolLM2 103 -> 88 ms, 512 tokens 250 -> 180 ms (the scores,
-megabytes, in buffers reused by every chunk and layer). A sliding
-window, or a context so long that 16 rows' scores would not fit the score budget, goes to
-the fused SDPA, which tiles its scores. No KV head is expanded in any path.
+whole 256-token prefill of SmolLM2 103 -> 100 ms, 512 tokens 250 -> 218 ms. The scores,
+megabytes, live in buffers reused by every chunk and layer. A sliding window, or a context
+so long that 16 rows' scores would not fit the score budget, goes to the fused SDPA, which
+tiles its scores. No KV head is expanded in any path.
 `tandem.kernels.reference.attention_ref` is the plain-math oracle the tests hold this to.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from tandem.engine.attention.backend import AttentionBackend, CommonAttentionMetadata
+from tandem.engine.attention.matmul_prefill import MatmulPrefill
 from tandem.kernels.reference import gather_kv_by_head, gather_kv_ref
 
 # A prefill chunk attends by matmuls when at least MIN_PREFILL_ROWS query rows' float32
@@ -147,8 +147,7 @@ class TorchAttentionBackend(AttentionBackend):
         self.prefill_rows = prefill_rows
         self.score_budget = score_budget
         self._diagonals: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
-        self._causal_masks: dict[torch.device, torch.Tensor] = {}
-        self._scores: tuple[torch.Tensor, ...] = ()  # prefill scores, reused
+        self._by_matmul = MatmulPrefill(prefill_rows)
         self.sliding_window = sliding_window
         self.dtype = dtype
         # Reused by every gather: fresh multi-MiB outputs each layer would cost page faults.
@@ -265,7 +264,7 @@ class TorchAttentionBackend(AttentionBackend):
             k, v = (t[0, : p.seq_len] for t in self._gather(kv_layer, p.block_table))
         fit = self.score_budget // (q.shape[1] * p.seq_len)  # query rows whose scores fit
         if not self.sliding_window and fit >= MIN_PREFILL_ROWS:
-            return self._prefill_by_matmul(q, k, v, min(fit, self.prefill_rows), scale)
+            return self._by_matmul(q, k, v, min(fit, self.prefill_rows), scale)
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
             k.transpose(0, 1)[None],
@@ -276,63 +275,6 @@ class TorchAttentionBackend(AttentionBackend):
             enable_gqa=q.shape[1] > k.shape[1],
         )  # [1, Hq, Q, D]
         return o[0].transpose(0, 1)
-
-    def _prefill_by_matmul(
-        self,
-        q: torch.Tensor,  # [Q, Hq, D]
-        k: torch.Tensor,  # [S, Hkv, D]: a cached prefix of S - Q keys, then the chunk's own
-        v: torch.Tensor,  # [S, Hkv, D]
-        rows: int,
-        scale: float,
-    ) -> torch.Tensor:  # [Q, Hq, D]
-        """Causal attention `rows` queries at a time: each KV head's GQA group of query
-        heads as one matrix against its K, scores in float32 (the module's docstring)."""
-        num_queries, num_heads, head_dim = q.shape
-        num_keys, num_kv_heads = k.shape[0], k.shape[1]
-        group = num_heads // num_kv_heads
-        prefix = num_keys - num_queries
-        keys = k.transpose(0, 1).contiguous().transpose(1, 2)  # [Hkv, D, S]
-        values = v.transpose(0, 1).contiguous()  # [Hkv, S, D]
-        causal = self._causal(q.device)  # [prefill_rows, prefill_rows]
-        out = q.new_empty(q.shape)
-        for start in range(0, num_queries, rows):
-            n = min(rows, num_queries - start)
-            seen = prefix + start + n  # keys the chunk's last query sees
-            chunk = q[start : start + n].view(n, num_kv_heads, group, head_dim).transpose(0, 1)
-            chunk = chunk.reshape(num_kv_heads, n * group, head_dim)  # rows (token, head)
-            shape = (num_kv_heads, n * group, seen)
-            low, scores, probs = (b.view(shape) for b in self._score_space(q, math.prod(shape)))
-            torch.bmm(chunk, keys[:, :, :seen], out=low)
-            torch.mul(low, scale, out=scores)  # float32 from here
-            mine = scores.view(num_kv_heads, n, group, seen)[..., prefix + start :]
-            mine.add_(causal[:n, None, :n])  # the chunk's own keys, causally
-            torch.ops.aten._softmax.out(scores, -1, False, out=probs)
-            low.copy_(probs)
-            o = torch.bmm(low, values[:, :seen])  # [Hkv, n * G, D]
-            out[start : start + n].view(n, num_kv_heads, group, head_dim).copy_(
-                o.view(num_kv_heads, n, group, head_dim).transpose(0, 1)
-            )
-        return out
-
-    def _score_space(self, like: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
-        """Three flat buffers of `size` elements, reused by every prefill chunk: scores in
-        the queries' dtype (then the probabilities), scores and probabilities in float32.
-        Megabytes made and freed in every layer would take fresh pages from the C heap
-        each time under glibc's defaults (2.4x slower at 256 tokens, measured)."""
-        space = self._scores
-        if not space or space[0].numel() < size or space[0].dtype != like.dtype:
-            space = (like.new_empty(size), like.new_empty(size, dtype=torch.float32))
-            self._scores = space = (*space, like.new_empty(size, dtype=torch.float32))
-        return tuple(b[:size] for b in space)
-
-    def _causal(self, device: torch.device) -> torch.Tensor:
-        """[prefill_rows, prefill_rows] float32: 0 on and below the diagonal, -inf above
-        (made once per device)."""
-        if device not in self._causal_masks:
-            size = (self.prefill_rows, self.prefill_rows)
-            mask = torch.full(size, float("-inf"), device=device)
-            self._causal_masks[device] = mask.triu(1)
-        return self._causal_masks[device]
 
     def _decode(
         self,
