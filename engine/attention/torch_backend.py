@@ -130,6 +130,7 @@ class TorchAttentionBackend(AttentionBackend):
         by_sequence_heads: int = 16,
         prefill_rows: int = 256,
         score_budget: int = 1 << 21,
+        num_heads: int | None = None,
     ) -> None:
         """`sliding_window` W > 0: a query at position p sees keys p - W + 1 .. p. `dtype`:
         the queries' dtype, in which the masks are built once per step (SDPA would otherwise
@@ -139,13 +140,17 @@ class TorchAttentionBackend(AttentionBackend):
         Models of at most `by_sequence_heads` query heads (per rank) get their matmuls'
         operands by sequence, larger ones by head (0: always by head). A prefill chunk
         attends by matmuls `prefill_rows` queries at a time, each time at most
-        `score_budget` float32 scores (8 MiB); SDPA takes it when fewer than 16 rows fit."""
+        `score_budget` float32 scores (8 MiB); SDPA takes it when fewer than 16 rows fit.
+        `num_heads`: the query heads of a rank, which tell `build` the chunks SDPA will take,
+        the only ones that need a mask after a cached prefix (None: every such chunk gets
+        one, the layers passing queries of any head count)."""
         self.block_size = block_size
         self.decode_group_size = decode_group_size
         self.batched_from = batched_from
         self.by_sequence_heads = by_sequence_heads
         self.prefill_rows = prefill_rows
         self.score_budget = score_budget
+        self.num_heads = num_heads
         self._diagonals: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
         self._by_matmul = MatmulPrefill(prefill_rows)
         self.sliding_window = sliding_window
@@ -202,7 +207,8 @@ class TorchAttentionBackend(AttentionBackend):
         num_blocks = -(-seq_len // self.block_size)
         table = common.block_tables_cpu[b : b + 1, :num_blocks]
         mask = None
-        if seq_len > end - start or self.sliding_window:  # attend through the block table
+        sdpa = self.num_heads is None or self._takes_sdpa(self.num_heads, seq_len)
+        if (seq_len > end - start or self.sliding_window) and sdpa:  # SDPA's explicit mask
             positions = np.arange(seq_len - (end - start), seq_len)
             keys = np.arange(num_blocks * self.block_size)
             visible = keys <= positions[:, None]
@@ -258,13 +264,16 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:  # [Q, Hq, D]
         """One prefill chunk: by matmuls in chunks of query rows while a chunk's scores fit
         the budget and no window applies; else the fused SDPA, which tiles its scores."""
-        if p.mask is None:  # the whole context is this chunk: K/V straight from the step
+        whole = p.seq_len == p.end - p.start  # no cached prefix: K/V straight from the step
+        if whole:
             k, v = key[p.start : p.end], value[p.start : p.end]  # [S, Hkv, D]
         else:
             k, v = (t[0, : p.seq_len] for t in self._gather(kv_layer, p.block_table))
-        fit = self.score_budget // (q.shape[1] * p.seq_len)  # query rows whose scores fit
-        if not self.sliding_window and fit >= MIN_PREFILL_ROWS:
+        if not self._takes_sdpa(q.shape[1], p.seq_len):
+            fit = self.score_budget // (q.shape[1] * p.seq_len)  # query rows whose scores fit
             return self._by_matmul(q, k, v, min(fit, self.prefill_rows), scale)
+        if p.mask is None and not (whole and not self.sliding_window):
+            raise ValueError(f"a backend built for {self.num_heads} heads got {q.shape[1]}")
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
             k.transpose(0, 1)[None],
@@ -275,6 +284,12 @@ class TorchAttentionBackend(AttentionBackend):
             enable_gqa=q.shape[1] > k.shape[1],
         )  # [1, Hq, Q, D]
         return o[0].transpose(0, 1)
+
+    def _takes_sdpa(self, num_heads: int, seq_len: int) -> bool:
+        """Whether a prefill chunk over `seq_len` keys goes to SDPA: with a sliding window,
+        or when fewer than MIN_PREFILL_ROWS query rows' scores fit the score budget."""
+        fit = self.score_budget // (num_heads * seq_len)
+        return bool(self.sliding_window) or fit < MIN_PREFILL_ROWS
 
     def _decode(
         self,

@@ -32,13 +32,16 @@ def rank_num_kv_heads(config: EngineConfig) -> int:
 def select_attention_backend(config: EngineConfig) -> AttentionBackend:
     """The plain-torch backend with the torch kernels; Triton's with the Triton kernels."""
     m = config.model
+    shape = RankShape.of(m, 0, config.tensor_parallel_size)
     if config.kernels == "torch":
         return TorchAttentionBackend(
-            config.cache.block_size, sliding_window=m.sliding_window, dtype=config.dtype
+            config.cache.block_size,
+            sliding_window=m.sliding_window,
+            dtype=config.dtype,
+            num_heads=shape.num_heads,
         )
     from tandem.engine.attention.triton_backend import TritonAttentionBackend
 
-    shape = RankShape.of(m, 0, config.tensor_parallel_size)
     return TritonAttentionBackend(
         shape.num_kv_heads,
         shape.num_heads // shape.num_kv_heads,

@@ -243,10 +243,12 @@ def test_backend_on_a_mixed_batch_with_scattered_blocks(
     q = torch.randn(int(qsl[-1]), num_heads, head_dim)
     new_k = torch.cat([k[c:] for k, (c, _) in zip(full_k, seqs)])
     new_v = torch.cat([v[c:] for v, (c, _) in zip(full_v, seqs)])
-    backend = TorchAttentionBackend(block_size, decode_group_size, **paths)
+    backend = TorchAttentionBackend(block_size, decode_group_size, num_heads=num_heads, **paths)
     metadata = backend.build(common)
     assert len(metadata.decodes) == -(-4 // decode_group_size)
     assert len(metadata.prefills) == 2
+    sdpa = paths.get("score_budget") == 0  # only SDPA reads a mask: the one after a prefix
+    assert [p.mask is not None for p in metadata.prefills] == [False, sdpa]
     out = backend.forward(q, new_k, new_v, kv_layer, metadata, scale=0.25)
     workspace = backend._workspace
     again = backend.forward(q, new_k, new_v, kv_layer, metadata, scale=0.25)
