@@ -148,7 +148,6 @@ class TorchAttentionBackend(AttentionBackend):
         self.decode_group_size = decode_group_size
         self.batched_from = batched_from
         self.by_sequence_heads = by_sequence_heads
-        self.prefill_rows = prefill_rows
         self.score_budget = score_budget
         self.num_heads = num_heads
         self._diagonals: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
@@ -207,7 +206,7 @@ class TorchAttentionBackend(AttentionBackend):
         num_blocks = -(-seq_len // self.block_size)
         table = common.block_tables_cpu[b : b + 1, :num_blocks]
         mask = None
-        sdpa = self.num_heads is None or self._takes_sdpa(self.num_heads, seq_len)
+        sdpa = self.num_heads is None or not self._matmul_rows(self.num_heads, seq_len)
         if (seq_len > end - start or self.sliding_window) and sdpa:  # SDPA's explicit mask
             positions = np.arange(seq_len - (end - start), seq_len)
             keys = np.arange(num_blocks * self.block_size)
@@ -269,10 +268,9 @@ class TorchAttentionBackend(AttentionBackend):
             k, v = key[p.start : p.end], value[p.start : p.end]  # [S, Hkv, D]
         else:
             k, v = (t[0, : p.seq_len] for t in self._gather(kv_layer, p.block_table))
-        if not self._takes_sdpa(q.shape[1], p.seq_len):
-            fit = self.score_budget // (q.shape[1] * p.seq_len)  # query rows whose scores fit
-            return self._by_matmul(q, k, v, min(fit, self.prefill_rows), scale)
-        if p.mask is None and not (whole and not self.sliding_window):
+        if rows := self._matmul_rows(q.shape[1], p.seq_len):
+            return self._by_matmul(q, k, v, rows, scale)
+        if p.mask is None and (not whole or self.sliding_window):
             raise ValueError(f"a backend built for {self.num_heads} heads got {q.shape[1]}")
         o = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
@@ -285,11 +283,14 @@ class TorchAttentionBackend(AttentionBackend):
         )  # [1, Hq, Q, D]
         return o[0].transpose(0, 1)
 
-    def _takes_sdpa(self, num_heads: int, seq_len: int) -> bool:
-        """Whether a prefill chunk over `seq_len` keys goes to SDPA: with a sliding window,
-        or when fewer than MIN_PREFILL_ROWS query rows' scores fit the score budget."""
+    def _matmul_rows(self, num_heads: int, seq_len: int) -> int:
+        """Query rows a time for a prefill chunk over `seq_len` keys by matmuls (those whose
+        scores fit the budget, at most the causal mask's size); 0: it goes to SDPA (a sliding
+        window, or fewer than MIN_PREFILL_ROWS rows fit)."""
         fit = self.score_budget // (num_heads * seq_len)
-        return bool(self.sliding_window) or fit < MIN_PREFILL_ROWS
+        if self.sliding_window or fit < MIN_PREFILL_ROWS:
+            return 0
+        return min(fit, self._by_matmul.max_rows)
 
     def _decode(
         self,
