@@ -83,7 +83,7 @@ class ModelRunner:
         self.config = config
         self.device = config.device
         self.block_size = config.cache.block_size
-        self.requests = RequestStates(config.device, config.model.vocab_size)
+        self.requests = RequestStates(config.device)
         self.sampler = Sampler()
         self.workers: RankProcesses | None = None
         self.broken: str | None = None  # why the ranks were stopped mid-run

@@ -59,11 +59,10 @@ class RequestState:
 
 class RequestStates:
     """The runner's table of `RequestState` by request id. Owns the generators, made on
-    `device` with draws `vocab_size` wide (the sampler's)."""
+    `device`."""
 
-    def __init__(self, device: torch.device, vocab_size: int) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
-        self.vocab_size = vocab_size
         self._states: dict[str, RequestState] = {}
         # Preempted requests' generators and the draws they have made.
         self._parked: dict[str, tuple[torch.Generator, int]] = {}
@@ -122,20 +121,20 @@ class RequestStates:
     def _generator(self, data: NewRequestData, num_drawn: int) -> torch.Generator | None:
         """A generator where the request's is after `num_drawn` sampled tokens: its parked
         one, or a new one from its seed, past the draws it has not made (a prefill node's
-        first token). Each draw is `draw`, one uniform number per vocabulary entry."""
+        first token). Each draw is `draw`, one uniform number."""
         parked = self._parked.pop(data.request_id, None)
         if data.seed is None or data.sampling_params.greedy:
             return None
         generator, num_made = parked or (torch.Generator(self.device).manual_seed(data.seed), 0)
         assert num_made <= num_drawn, (data.request_id, num_made, num_drawn)
         if num_drawn > num_made:
-            race = torch.empty(self.vocab_size, device=self.device)  # [V]
+            u = torch.empty(1, device=self.device)  # [1]
             for _ in range(num_drawn - num_made):
-                draw(race, generator)
+                draw(u, generator)
         return generator
 
 
-def draw(race: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One draw of a request's generator: `race` [V] float32 filled with uniform numbers in
-    place (the sampler's race takes -log of them). Replaying draws must make the same calls."""
-    return race.uniform_(generator=generator)
+def draw(u: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw of a request's generator: `u` [1] float32 filled with a uniform number in
+    place (the sampler's inverse CDF). Replaying draws must make the same calls."""
+    return u.uniform_(generator=generator)

@@ -61,7 +61,7 @@ class Runner:
     plans as the real runner keeps them."""
 
     def __init__(self) -> None:
-        self.requests = RequestStates(torch.device("cpu"), VOCAB)
+        self.requests = RequestStates(torch.device("cpu"))
 
     def execute(self, plan: StepPlan) -> ModelRunnerOutput:
         tokens: list[int | None] = []

@@ -65,7 +65,7 @@ class PromptRunner:
 
     def __init__(self) -> None:
         self.during: Callable[[], None] | None = None
-        self.requests = RequestStates(torch.device("cpu"), VOCAB)
+        self.requests = RequestStates(torch.device("cpu"))
 
     def execute(self, plan: StepPlan) -> ModelRunnerOutput:
         if self.during is not None:

@@ -73,6 +73,17 @@ def test_draws_follow_the_tempered_distribution(temperature):
     ).all()
 
 
+def test_tokens_of_probability_zero_are_never_drawn():
+    """Filtered tokens between and after the kept ones: flat stretches of the cumulative sum
+    that no uniform number may land on, however close to 0 or 1 it is."""
+    kept = [0, 7, 8, 31]
+    x = torch.full((500, V), float("-inf"))
+    x[:, kept] = 0.0
+    rows = [req(seed=i) for i in range(500)]
+    draws = {t for _ in range(4) for t in Sampler()(x, rows).token_ids}
+    assert draws == set(kept)
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_top_k_only_draws_from_the_k_best(k):
     x = logits(1)

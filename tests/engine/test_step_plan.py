@@ -190,7 +190,7 @@ def test_tokens_appended_outside_the_runner_travel_as_a_diff():
     runner's copy through the next plan; the runner's own samples never travel back."""
     kv = KVCacheManager(block_size=4, num_blocks=16)
     scheduler = Scheduler(SchedulerConfig(16, 4, 64), kv)
-    runner = RequestStates(torch.device("cpu"), 32)
+    runner = RequestStates(torch.device("cpu"))
     request = Request("r", [1, 2, 3, 4, 5], SamplingParams(temperature=0, max_tokens=9))
     scheduler.add_request(request)
 
@@ -216,7 +216,7 @@ class TinyEngine:
     def __init__(self, num_blocks: int) -> None:
         kv = KVCacheManager(block_size=4, num_blocks=num_blocks)
         self.scheduler = Scheduler(SchedulerConfig(16, 4, 64), kv)
-        self.runner = RequestStates(torch.device("cpu"), 32)
+        self.runner = RequestStates(torch.device("cpu"))
 
     def add(self, request_id: str, seed: int) -> Request:
         params = SamplingParams(temperature=1.0, seed=seed, max_tokens=8, ignore_eos=True)
@@ -270,7 +270,7 @@ def test_a_rebuilt_generator_continues_the_draws():
     """A request's copy made with k output tokens draws what the first copy draws after
     sampling k tokens itself: its draws depend on its seed and output count alone."""
     vocab = 40
-    states = RequestStates(torch.device("cpu"), vocab)
+    states = RequestStates(torch.device("cpu"))
     params = SamplingParams(temperature=1.0, seed=3)
     data = NewRequestData("a", [1, 2], 2, params, (), 3, [0], 2)
     first = states.update(StepPlan(req_ids=["a"], num_scheduled_tokens=[1], new_reqs=[data]))
