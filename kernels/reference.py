@@ -174,12 +174,12 @@ def rotary_ref(
     computed in float32. Rotates in place, like the Triton kernel, and returns the pair."""
     cos, sin = cos_sin_cache[positions].chunk(2, dim=-1)  # [T, D/2] each
     cos, sin = cos[:, None], sin[:, None]  # [T, 1, D/2]
-    for heads in _joint_heads(query, key):
+    for heads in joint_heads(query, key):
         _rotate_(heads, cos, sin)
     return query, key
 
 
-def _joint_heads(query: torch.Tensor, key: torch.Tensor) -> list[torch.Tensor]:
+def joint_heads(query: torch.Tensor, key: torch.Tensor) -> list[torch.Tensor]:
     """[q, k], or one [T, Hq + Hkv, D] view of both when each row's key heads directly
     follow its query heads (the fused qkv projection's output), so every op runs once."""
     num_tokens, num_heads, head_dim = query.shape

@@ -52,11 +52,17 @@ class RotaryEmbedding(nn.Module):
         self.cos_sin_cache = self.cos_sin_cache.float()
         return self
 
+    def prepare(self, positions: torch.Tensor) -> object:
+        """positions [T] -> the step's rotary input, made once for every layer (the kernel
+        set's `rotary_input`: the positions, or cos and sin tables)."""
+        return self.ops.rotary_input(positions, self.cos_sin_cache)
+
     def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+        self, rotation: object, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotated (query [T, Hq, D], key [T, Hkv, D]); the inputs may be rotated in place."""
-        return self.ops.rotary(positions, query, key, self.cos_sin_cache)
+        """Rotated (query [T, Hq, D], key [T, Hkv, D]) by `prepare`'s `rotation`; the
+        inputs may be rotated in place."""
+        return self.ops.rotary(rotation, query, key, self.cos_sin_cache)
 
 
 def llama3_scale_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:

@@ -68,7 +68,7 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,  # [T]
+        rotation: object,  # the step's `RotaryEmbedding.prepare`
         hidden: torch.Tensor,  # [T, H]
         kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
         attn: AttentionBatch,
@@ -81,7 +81,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q, _ = self.q_norm(q)
             k, _ = self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb(rotation, q, k)
         out = attn.backend.forward(q, k, v, kv_layer, attn.metadata, self.scale)
         return self.o_proj(out.view(num_tokens, self.q_size))
 
@@ -117,7 +117,7 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,  # [T]
+        rotation: object,  # the step's `RotaryEmbedding.prepare`
         hidden: torch.Tensor,  # [T, H]
         residual: torch.Tensor | None,  # [T, H]
         kv_layer: torch.Tensor,
@@ -128,7 +128,7 @@ class LlamaDecoderLayer(nn.Module):
             hidden, _ = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, kv_layer, attn)
+        hidden = self.self_attn(rotation, hidden, kv_layer, attn)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -138,7 +138,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         # one cos|sin table for every layer (a copy per layer would be 30 x 2 MiB at 8k)
-        rotary_emb = RotaryEmbedding(
+        self.rotary_emb = RotaryEmbedding(
             config.head_dim,
             config.max_position_embeddings,
             config.rope_theta,
@@ -146,7 +146,7 @@ class LlamaModel(nn.Module):
             ops,
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, ops, tp, rotary_emb) for _ in range(config.num_layers)
+            LlamaDecoderLayer(config, ops, tp, self.rotary_emb) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
 
@@ -158,9 +158,10 @@ class LlamaModel(nn.Module):
         attn: AttentionBatch,
     ) -> torch.Tensor:  # [T, H]
         hidden = self.embed_tokens(input_ids)
+        rotation = self.rotary_emb.prepare(positions)
         residual = None
         for i, layer in enumerate(self.layers):
-            hidden, residual = layer(positions, hidden, residual, kv_cache[:, i], attn)
+            hidden, residual = layer(rotation, hidden, residual, kv_cache[:, i], attn)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

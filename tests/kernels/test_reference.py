@@ -10,13 +10,14 @@ import torch.nn.functional as F
 from tandem.engine.attention.backend import CommonAttentionMetadata
 from tandem.engine.attention.torch_backend import TorchAttentionBackend
 from tandem.kernels.reference import (
-    _joint_heads,
     attention_ref,
     gather_kv_by_head,
     gather_kv_ref,
+    joint_heads,
     rotary_ref,
     write_kv_ref,
 )
+from tandem.kernels.rotary_tables import rotary_by_tables, rotary_tables
 
 # The backend and dense SDPA sum in another order (other kernels, chosen per CPU): a float32
 # sum of K terms may be off by K * eps of its terms' scale. Here K <= head_dim + keys = 16 + 22,
@@ -183,15 +184,35 @@ def test_rotary_rotates_a_fused_qkv_buffer_in_place(dtype):
     assert torch.equal(qkv[:, 6 * dim :], v_before), "rotary touched the values"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("adjacent", [True, False])
+def test_rotary_by_step_tables_equals_the_reference(dtype, adjacent):
+    """The torch path's rotary (tables made once a step) does the reference's float32
+    arithmetic: the same bits, in a fused qkv buffer or on separate tensors."""
+    dim, positions = 16, torch.tensor([0, 3, 17, 100, 3])
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.outer(torch.arange(128).float(), inv_freq)
+    cache = torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+    qkv = torch.randn(5, (4 + 2 + 2) * dim).to(dtype)
+    q = qkv[:, : 4 * dim].view(5, 4, dim)
+    k = qkv[:, 4 * dim : 6 * dim].view(5, 2, dim)
+    if not adjacent:
+        q, k = q.clone(), k.clone()
+    ref_q, ref_k = rotary_ref(positions, q.clone(), k.clone(), cache)
+    out_q, out_k = rotary_by_tables(rotary_tables(positions, cache), q, k)
+    assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr()
+    assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
+
+
 def test_rotary_joins_query_and_key_only_when_they_tile_each_row():
     qkv = torch.randn(5, (4 + 2 + 2) * 8)
     q, k = qkv[:, :32].view(5, 4, 8), qkv[:, 32:48].view(5, 2, 8)
-    (joint,) = _joint_heads(q, k)
+    (joint,) = joint_heads(q, k)
     assert joint.shape == (5, 6, 8) and torch.equal(joint[:, 4:], k)
     rows = torch.randn(6, 2, 8)  # key = query shifted one row: a joint view would overlap
-    assert len(_joint_heads(rows[:5], rows[1:])) == 2
-    assert len(_joint_heads(q, k.clone())) == 2  # separate tensors
-    assert len(_joint_heads(q, qkv[:, 40:56].view(5, 2, 8))) == 2  # a gap between them
+    assert len(joint_heads(rows[:5], rows[1:])) == 2
+    assert len(joint_heads(q, k.clone())) == 2  # separate tensors
+    assert len(joint_heads(q, qkv[:, 40:56].view(5, 2, 8))) == 2  # a gap between them
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (4, 2), (8, 1)])
