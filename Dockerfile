@@ -59,4 +59,7 @@ RUN echo "tandem:x:1000:1000::/tmp:/usr/sbin/nologin" >>/etc/passwd \
     && pip install -q --no-deps /dist/*.whl && rm -rf /dist
 USER 1000:1000
 WORKDIR /tmp
+# glibc's malloc asks for transparent huge pages where the kernel gives them on request
+# (tandem.engine.api.huge_pages: the decode step 7-14% faster on the CPU)
+ENV GLIBC_TUNABLES=glibc.malloc.hugetlb=1
 ENTRYPOINT ["tandem"]

