@@ -101,16 +101,25 @@ def start(system: str, cmd: list[str], log: Path) -> subprocess.Popen:
 
 
 def wait_ready(base: str, proc: subprocess.Popen, timeout_s: float) -> str:
-    """The served model's id, once /v1/models answers."""
+    """The served model's id, once a one-token completion succeeds: a router may list the
+    model before its engines have loaded it, and guidellm gives up on its first refusal."""
     deadline = time.monotonic() + timeout_s
+    model_id = None
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as resp:
-                return json.load(resp)["data"][0]["id"]
-        except OSError:
-            time.sleep(2)
+            if model_id is None:
+                with urllib.request.urlopen(f"{base}/v1/models", timeout=5) as resp:
+                    model_id = json.load(resp)["data"][0]["id"]
+            body = json.dumps({"model": model_id, "prompt": "Hi", "max_tokens": 1}).encode()
+            request = urllib.request.Request(
+                f"{base}/v1/completions", body, {"Content-Type": "application/json"}
+            )
+            with urllib.request.urlopen(request, timeout=60):
+                return model_id
+        except OSError:  # refused, or an HTTP error while the engines load
+            time.sleep(1)
     raise TimeoutError(f"{base} not ready in {timeout_s:.0f} s")
 
 
@@ -233,6 +242,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-out/vs_vllm"))
     args = parser.parse_args()
     args.model = args.model or default_model()
+    args.out = args.out.resolve()  # guidellm runs outside the repo (operator/ would shadow)
     args.out.mkdir(parents=True, exist_ok=True)
     pythons = {"guidellm": ensure_venv(args.venvs / "guidellm", GUIDELLM).parent / "guidellm"}
     if "vllm" in args.systems:
