@@ -84,6 +84,13 @@ def test_tokens_of_probability_zero_are_never_drawn():
     assert draws == set(kept)
 
 
+def test_a_nan_row_still_draws_a_token_of_the_vocabulary():
+    x = logits(2)
+    x[1, 7] = float("nan")
+    out = Sampler()(x, [req(seed=1), req(seed=2)])
+    assert all(0 <= t < V for t in out.token_ids)
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_top_k_only_draws_from_the_k_best(k):
     x = logits(1)
