@@ -32,8 +32,9 @@ class MatmulPrefill:
         v: torch.Tensor,  # [S, Hkv, D]
         rows: int,
         scale: float,
-    ) -> torch.Tensor:  # [Q, Hq, D]
-        """Causal attention `rows` (<= max_rows) queries at a time."""
+        out: torch.Tensor,  # [Q, Hq, D], written
+    ) -> None:
+        """Causal attention `rows` (<= max_rows) queries at a time, into `out`."""
         num_queries, num_heads, head_dim = q.shape
         num_keys, num_kv_heads = k.shape[0], k.shape[1]
         group = num_heads // num_kv_heads
@@ -41,7 +42,6 @@ class MatmulPrefill:
         keys = k.transpose(0, 1).contiguous().transpose(1, 2)  # [Hkv, D, S]
         values = v.transpose(0, 1).contiguous()  # [Hkv, S, D]
         causal = self._causal(q.device)  # [max_rows, max_rows]
-        out = q.new_empty(q.shape)
         for start in range(0, num_queries, rows):
             n = min(rows, num_queries - start)
             seen = prefix + start + n  # keys the chunk's last query sees
@@ -59,7 +59,6 @@ class MatmulPrefill:
             out[start : start + n].view(n, num_kv_heads, group, head_dim).copy_(
                 o.view(num_kv_heads, n, group, head_dim).transpose(0, 1)
             )
-        return out
 
     def _score_space(self, like: torch.Tensor, size: int) -> tuple[torch.Tensor, ...]:
         """Three flat buffers of `size` elements: scores in the queries' dtype (then the

@@ -247,9 +247,7 @@ class TorchAttentionBackend(AttentionBackend):
             o = self._decode(q, kv_layer, g, scale)  # [Bg, Hkv, G, D]
             out[rows] = o.reshape(-1, num_kv_heads * group, head_dim)
         for p in metadata.prefills:
-            out[p.start : p.end] = self._prefill(
-                query[p.start : p.end], key, value, kv_layer, p, scale
-            )
+            self._prefill(query[p.start : p.end], key, value, kv_layer, p, scale, out)
         return out
 
     def _prefill(
@@ -260,7 +258,8 @@ class TorchAttentionBackend(AttentionBackend):
         kv_layer: torch.Tensor,  # [N, 2, bs, Hkv, D]
         p: PrefillSlice,
         scale: float,
-    ) -> torch.Tensor:  # [Q, Hq, D]
+        out: torch.Tensor,  # [T, Hq, D]: the chunk's rows written
+    ) -> None:
         """One prefill chunk: by matmuls in chunks of query rows while a chunk's scores fit
         the budget and no window applies; else the fused SDPA, which tiles its scores."""
         whole = p.seq_len == p.end - p.start  # no cached prefix: K/V straight from the step
@@ -269,7 +268,8 @@ class TorchAttentionBackend(AttentionBackend):
         else:
             k, v = (t[0, : p.seq_len] for t in self._gather(kv_layer, p.block_table))
         if rows := self._matmul_rows(q.shape[1], p.seq_len):
-            return self._by_matmul(q, k, v, rows, scale)
+            self._by_matmul(q, k, v, rows, scale, out[p.start : p.end])
+            return
         if p.mask is None and (not whole or self.sliding_window):
             raise ValueError(f"a backend built for {self.num_heads} heads got {q.shape[1]}")
         o = F.scaled_dot_product_attention(
@@ -281,7 +281,7 @@ class TorchAttentionBackend(AttentionBackend):
             scale=scale,
             enable_gqa=q.shape[1] > k.shape[1],
         )  # [1, Hq, Q, D]
-        return o[0].transpose(0, 1)
+        out[p.start : p.end] = o[0].transpose(0, 1)
 
     def _matmul_rows(self, num_heads: int, seq_len: int) -> int:
         """Query rows a time for a prefill chunk over `seq_len` keys by matmuls (those whose

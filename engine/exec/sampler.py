@@ -7,7 +7,7 @@ request's grammar forbids get -inf, from the bits in the step's plan,
 log-probabilities (what `logprobs` reports) are taken; then logit bias, penalties and the
 `min_tokens` mask; greedy rows take the argmax; random rows are divided by their
 temperature, filtered by min-p, top-k and top-p, and drawn with their own
-`torch.Generator` (one uniform number a token, by inverse CDF), so a request's draws never
+`torch.Generator` (one uniform number a draw, by inverse CDF), so a request's draws never
 depend on the batch around it.
 """
 
