@@ -54,11 +54,15 @@ def test_a_prompt_evicted_from_the_device_comes_back_from_the_host_tier(tiered):
     assert wait_until(lambda: all(w.get("metrics_url") for w in tiered.workers()))
     workers = tiered.workers()
     assert wait_until(lambda: all(settled(w) for w in workers))
+    # both workers routable, so the prompt goes to the prefill worker too: one that slow
+    # health checks ejected on a loaded machine is not named, and the decode node prefills
+    # the prompt itself (a suspected cause of one failure in a full run, not reproduced)
+    assert wait_until(lambda: all(w["healthy"] for w in tiered.workers()))
     again = complete(tiered.url, prompt(0))
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == PROMPT_BLOCKS * 16
     for worker in workers:  # counted at admission, exported by the loop's next turn
         hit = lambda w=worker: node_metric(w, "tandem_kv_tier_hits_total", tier="host") > 0  # noqa: E731
-        assert wait_until(hit), worker["role"]
+        assert wait_until(hit), (worker["role"], tiered.workers())
         assert node_metric(worker, "tandem_kv_tier_capacity_blocks", tier="host") > 0
     router = httpx.get(f"{tiered.url}/metrics", timeout=HANG_S).text
     assert metric_value(router, "tandem_router_prefix_overlap_blocks_total", tier="host") > 0
